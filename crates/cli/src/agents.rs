@@ -1,0 +1,170 @@
+//! `agentmesh agents …`: a gRPC client of the discovery service.
+
+use std::path::PathBuf;
+
+use agentmesh_core::AgentDefinition;
+use agentmesh_discovery::convert::{agent_pb_to_json, definition_to_pb, health_name};
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use tonic::transport::Channel;
+
+/// `agentmesh agents` flags.
+#[derive(Args, Debug)]
+pub struct AgentsArgs {
+    /// Discovery service address.
+    #[arg(long, global = true, env = "AGENTMESH_DISCOVERY_URL", default_value = "http://127.0.0.1:7400")]
+    discovery: String,
+    #[command(subcommand)]
+    command: AgentsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentsCommand {
+    /// List agents and their capabilities.
+    List {
+        /// Only capabilities with a tag matching one of these patterns (comma-separated).
+        #[arg(long)]
+        tags: Option<String>,
+        /// Only agents in this health state.
+        #[arg(long)]
+        health: Option<String>,
+        /// Include internal capabilities.
+        #[arg(long)]
+        include_internal: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = ListFormat::Table)]
+        format: ListFormat,
+    },
+    /// Show one agent with its schemas, as JSON.
+    Get {
+        /// Agent id.
+        id: String,
+    },
+    /// Register (or replace) an agent from a JSON registration file.
+    Register {
+        /// Registration document, as for POST /api/v1/agents (`-` for stdin).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Remove an agent.
+    Deregister {
+        /// Agent id.
+        id: String,
+    },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum ListFormat {
+    /// One line per capability.
+    Table,
+    /// The discovery JSON document.
+    Json,
+    /// The discovery XML document.
+    Xml,
+    /// The compact JSON document.
+    Compact,
+}
+
+async fn client(url: &str) -> anyhow::Result<DiscoveryServiceClient<Channel>> {
+    DiscoveryServiceClient::connect(url.to_owned())
+        .await
+        .with_context(|| format!("connecting to discovery at {url}; is it running (`agentmesh up`)?"))
+}
+
+fn status_error(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}: {}", status.code(), status.message())
+}
+
+/// Runs an `agents` command.
+pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
+    let mut client = client(&args.discovery).await?;
+    match args.command {
+        AgentsCommand::List { tags, health, include_internal, format } => {
+            let health_status = match health.as_deref() {
+                None => pb::HealthStatus::Unspecified,
+                Some("active") => pb::HealthStatus::Active,
+                Some("degraded") => pb::HealthStatus::Degraded,
+                Some("inactive") => pb::HealthStatus::Inactive,
+                Some(other) => anyhow::bail!("--health must be active, degraded or inactive, got `{other}`"),
+            };
+            let render = match format {
+                ListFormat::Table => pb::RenderFormat::Unspecified,
+                ListFormat::Json => pb::RenderFormat::Json,
+                ListFormat::Xml => pb::RenderFormat::Xml,
+                ListFormat::Compact => pb::RenderFormat::Compact,
+            };
+            let response = client
+                .list_capabilities(pb::ListCapabilitiesRequest {
+                    tags: tags.map(|t| t.split(',').map(str::to_owned).collect()).unwrap_or_default(),
+                    health_status: health_status as i32,
+                    include_internal,
+                    format: render as i32,
+                    limit: 500,
+                    ..Default::default()
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            if !matches!(format, ListFormat::Table) {
+                println!("{}", response.rendered);
+                return Ok(());
+            }
+            println!("{:<32} {:<9} {:<48} DESCRIPTION", "AGENT", "HEALTH", "TARGET");
+            for agent in &response.capabilities {
+                let health = health_name(agent.health_status);
+                if agent.reasoners.is_empty() && agent.skills.is_empty() {
+                    println!("{:<32} {:<9} {:<48}", agent.id, health, "-");
+                }
+                for cap in agent.reasoners.iter().chain(&agent.skills) {
+                    println!("{:<32} {:<9} {:<48} {}", agent.id, health, cap.invocation_target, cap.description);
+                }
+            }
+            eprintln!(
+                "{} agents, {} reasoners, {} skills",
+                response.total_agents, response.total_reasoners, response.total_skills
+            );
+        }
+        AgentsCommand::Get { id } => {
+            let agent = client
+                .get_agent(pb::GetAgentRequest { agent_id: id })
+                .await
+                .map_err(status_error)?
+                .into_inner()
+                .agent
+                .context("discovery returned no agent")?;
+            println!("{}", serde_json::to_string_pretty(&agent_pb_to_json(&agent))?);
+        }
+        AgentsCommand::Register { file } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading stdin")?
+            } else {
+                std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+            };
+            let definition: AgentDefinition = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a registration document", file.display()))?;
+            let response = client
+                .register_agent(pb::RegisterAgentRequest { agent: Some(definition_to_pb(&definition)) })
+                .await
+                .map_err(|status| {
+                    let details = tonic_types::StatusExt::get_details_bad_request(&status)
+                        .map(|b| {
+                            b.field_violations
+                                .iter()
+                                .map(|v| format!("\n  {}: {}", v.field, v.description))
+                                .collect::<String>()
+                        })
+                        .unwrap_or_default();
+                    anyhow::anyhow!("{}: {}{details}", status.code(), status.message())
+                })?
+                .into_inner();
+            println!("{} {}", if response.created { "registered" } else { "updated" }, definition.id);
+        }
+        AgentsCommand::Deregister { id } => {
+            client.deregister_agent(pb::DeregisterAgentRequest { agent_id: id.clone() }).await.map_err(status_error)?;
+            println!("deregistered {id}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Configuration layering: defaults, then an optional TOML file, then
+//! `AGENTMESH_*` environment variables (`__` separates sections, e.g.
+//! `AGENTMESH_DISCOVERY__DATABASE_URL`), then command-line flags; the result
+//! is validated once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use agentmesh_discovery::DiscoveryConfig;
+use anyhow::Context;
+use clap::Args;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[discovery]` section.
+    pub discovery: DiscoveryConfig,
+}
+
+/// A flag that overrides one configuration key.
+pub type Override = (&'static str, figment::value::Value);
+
+/// Loads the layered configuration.
+pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Config> {
+    let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    if let Some(file) = file {
+        anyhow::ensure!(file.exists(), "config file {} does not exist", file.display());
+        figment = figment.merge(Toml::file(file));
+    }
+    figment =
+        figment.merge(Env::prefixed("AGENTMESH_").filter(|key| key.as_str().starts_with("discovery__")).split("__"));
+    for (key, value) in overrides {
+        figment = figment.merge(Serialized::default(key, value.clone()));
+    }
+    let config: Config = figment.extract().context("invalid configuration")?;
+    config.discovery.validate()?;
+    Ok(config)
+}
+
+fn push<T: Serialize>(out: &mut Vec<Override>, key: &'static str, value: Option<T>) {
+    if let Some(value) = value
+        && let Ok(value) = figment::value::Value::serialize(value)
+    {
+        out.push((key, value));
+    }
+}
+
+/// Flags of `agentmesh serve discovery`.
+#[derive(Args, Debug)]
+pub struct DiscoveryArgs {
+    /// Address serving gRPC and HTTP [default: 127.0.0.1:7400].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB` [default: sqlite://agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Expected seconds between agent heartbeats [default: 10].
+    #[arg(long)]
+    pub heartbeat_interval_secs: Option<f64>,
+    /// Seconds a catalog snapshot is served before reloading [default: 30].
+    #[arg(long)]
+    pub cache_ttl_secs: Option<f64>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl DiscoveryArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "discovery.database_url", self.database_url.clone());
+        push(&mut out, "discovery.heartbeat_interval_secs", self.heartbeat_interval_secs);
+        push(&mut out, "discovery.cache_ttl_secs", self.cache_ttl_secs);
+        out
+    }
+}
+
+/// Flags of `agentmesh up`.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Address serving gRPC and HTTP [default: 127.0.0.1:7400].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Directory holding the embedded SQLite registry.
+    #[arg(long, default_value = ".agentmesh")]
+    pub data_dir: PathBuf,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl UpArgs {
+    /// The embedded default: SQLite in the data directory, unless configured otherwise.
+    pub fn overrides(&self) -> anyhow::Result<Vec<Override>> {
+        std::fs::create_dir_all(&self.data_dir)
+            .with_context(|| format!("creating data directory {}", self.data_dir.display()))?;
+        let mut out = Vec::new();
+        if std::env::var_os("AGENTMESH_DISCOVERY__DATABASE_URL").is_none() {
+            push(
+                &mut out,
+                "discovery.database_url",
+                Some(format!("sqlite://{}", self.data_dir.join("agentmesh.db").display())),
+            );
+        }
+        push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
+        Ok(out)
+    }
+}

@@ -1,0 +1,18 @@
+//! The agentmesh domain model. Nothing here knows about gRPC, SQL or HTTP:
+//! agents and their capabilities, health derived from heartbeats, invocation
+//! targets, wildcard patterns, registration validation and catalog queries.
+
+pub mod agent;
+pub mod health;
+pub mod pattern;
+pub mod query;
+pub mod schema;
+pub mod target;
+pub mod validate;
+
+pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, Transport};
+pub use health::{HealthPolicy, HealthStatus, ReportedStatus};
+pub use pattern::Pattern;
+pub use query::{CapabilityQuery, CatalogPage, MatchedAgent};
+pub use target::{InvocationTarget, TargetParseError};
+pub use validate::{FieldError, validate_definition};

@@ -1,0 +1,124 @@
+//! Storage for the agent registry: an [`AgentStore`] trait with PostgreSQL
+//! and SQLite implementations through sqlx, migrations embedded in the
+//! binary and run at start-up, and change notifications so that every
+//! discovery replica sharing a database learns of every write.
+
+mod migrate;
+mod postgres;
+mod rows;
+mod sqlite;
+
+use std::sync::Arc;
+
+use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// Name of the PostgreSQL notification channel carrying catalog changes.
+pub const NOTIFY_CHANNEL: &str = "agentmesh_catalog";
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored row could not be decoded.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The database URL names no supported backend.
+    #[error("unsupported database url `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
+    UnsupportedUrl(String),
+}
+
+/// Result alias of the store.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What a registration did.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    /// The agent as stored.
+    pub record: AgentRecord,
+    /// True when the id was new.
+    pub created: bool,
+}
+
+/// A change to the catalog, as seen by every replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CatalogChange {
+    /// A new agent id was registered.
+    Registered {
+        /// Agent id.
+        agent_id: String,
+    },
+    /// An existing agent was registered again.
+    Updated {
+        /// Agent id.
+        agent_id: String,
+    },
+    /// An agent heartbeated.
+    Heartbeat {
+        /// Agent id.
+        agent_id: String,
+        /// What it reported.
+        status: ReportedStatus,
+        /// When, in milliseconds since the Unix epoch.
+        at_ms: i64,
+    },
+    /// An agent was removed.
+    Deregistered {
+        /// Agent id.
+        agent_id: String,
+    },
+    /// Notifications may have been missed (the listener reconnected):
+    /// everything cached must be reloaded.
+    Resync,
+}
+
+/// The agent registry.
+#[async_trait]
+pub trait AgentStore: Send + Sync + 'static {
+    /// Creates or replaces an agent and its capabilities in one transaction.
+    async fn register(&self, definition: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered>;
+    /// Records a heartbeat; `None` when the agent is unknown.
+    async fn heartbeat(
+        &self,
+        agent_id: &str,
+        status: ReportedStatus,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<AgentRecord>>;
+    /// Removes an agent; false when it was unknown.
+    async fn deregister(&self, agent_id: &str) -> StoreResult<bool>;
+    /// One agent by exact id.
+    async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>>;
+    /// Every agent with its capabilities, ordered by id, in one query.
+    async fn list(&self) -> StoreResult<Vec<AgentRecord>>;
+    /// Checks that the database answers.
+    async fn ping(&self) -> StoreResult<()>;
+    /// Subscribes to catalog changes made by any replica sharing the database.
+    fn subscribe(&self) -> broadcast::Receiver<CatalogChange>;
+    /// Short backend name for logs and health (`postgres`, `sqlite`).
+    fn backend(&self) -> &'static str;
+}
+
+/// Opens the store a URL names, runs migrations, and starts notifications.
+pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+/// Milliseconds since the epoch to a timestamp.
+pub(crate) fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}

@@ -1,0 +1,236 @@
+//! PostgreSQL store. Every write sends `pg_notify` in its own transaction,
+//! so each replica listening on the channel learns of it once it commits.
+
+use std::time::Duration;
+
+use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, QueryBuilder, Row};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
+use crate::rows::{CAPABILITY_COLUMNS, capability_rows, decode_agents, select_agents, to_json};
+use crate::{AgentStore, CatalogChange, NOTIFY_CHANNEL, Registered, StoreResult};
+
+/// Agent registry on PostgreSQL.
+pub struct PostgresStore {
+    pool: PgPool,
+    changes: broadcast::Sender<CatalogChange>,
+    listener: JoinHandle<()>,
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl PostgresStore {
+    /// Connects, runs migrations and starts listening for notifications.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let pool =
+            PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?;
+        Self::from_pool(pool).await
+    }
+
+    /// Uses an existing pool; runs migrations and starts listening.
+    pub async fn from_pool(pool: PgPool) -> StoreResult<Self> {
+        migrate(&pool).await?;
+        let (changes, _) = broadcast::channel(4096);
+        // Listen before returning so that no write after start-up is missed.
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        let listener = tokio::spawn(forward_notifications(listener, changes.clone()));
+        Ok(Self { pool, changes, listener })
+    }
+
+    /// The connection pool (for other tables sharing the database).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+async fn migrate(pool: &PgPool) -> StoreResult<()> {
+    let mut tx = pool.begin().await?;
+    // Serialise migrations between replicas starting together.
+    sqlx::query("SELECT pg_advisory_xact_lock(7245611)").execute(&mut *tx).await?;
+    sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *tx).await?;
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM agentmesh_schema_migrations").fetch_all(&mut *tx).await?;
+    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        sqlx::raw_sql(m.postgres).execute(&mut *tx).await?;
+        sqlx::query(
+            "INSERT INTO agentmesh_schema_migrations (version, description, applied_at_ms) VALUES ($1, $2, $3)",
+        )
+        .bind(m.version)
+        .bind(m.description)
+        .bind(Utc::now().timestamp_millis())
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(version = m.version, description = m.description, "applied postgres migration");
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn forward_notifications(mut listener: PgListener, changes: broadcast::Sender<CatalogChange>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => match serde_json::from_str::<CatalogChange>(notification.payload()) {
+                Ok(change) => {
+                    let _ = changes.send(change);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, payload = notification.payload(), "ignoring malformed catalog notification")
+                }
+            },
+            Ok(None) => {
+                // The connection was lost and re-established: notifications
+                // in between are gone, so everyone must reload.
+                tracing::warn!("catalog listener reconnected; asking caches to reload");
+                let _ = changes.send(CatalogChange::Resync);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "catalog listener failed; retrying in 1s");
+                let _ = changes.send(CatalogChange::Resync);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl AgentStore for PostgresStore {
+    async fn register(&self, def: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered> {
+        let now_ms = now.timestamp_millis();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "INSERT INTO agentmesh_agents (id, base_url, transport, version, deployment_type, tags, reported_status, \
+             registered_at_ms, updated_at_ms, last_heartbeat_ms) VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $7, $7) \
+             ON CONFLICT (id) DO UPDATE SET base_url = EXCLUDED.base_url, transport = EXCLUDED.transport, \
+             version = EXCLUDED.version, deployment_type = EXCLUDED.deployment_type, tags = EXCLUDED.tags, \
+             reported_status = 'active', updated_at_ms = EXCLUDED.updated_at_ms, last_heartbeat_ms = EXCLUDED.last_heartbeat_ms \
+             RETURNING (xmax = 0) AS created, registered_at_ms",
+        )
+        .bind(&def.id)
+        .bind(&def.base_url)
+        .bind(def.transport.as_str())
+        .bind(&def.version)
+        .bind(def.deployment_type.as_str())
+        .bind(to_json(&def.tags))
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        let created: bool = row.try_get("created")?;
+        let registered_at_ms: i64 = row.try_get("registered_at_ms")?;
+        sqlx::query("DELETE FROM agentmesh_capabilities WHERE agent_id = $1").bind(&def.id).execute(&mut *tx).await?;
+        if def.capabilities().next().is_some() {
+            let mut insert: QueryBuilder<Postgres> =
+                QueryBuilder::new(format!("INSERT INTO agentmesh_capabilities ({CAPABILITY_COLUMNS}) "));
+            insert.push_values(capability_rows(def), |mut b, (position, kind, cap)| {
+                b.push_bind(&def.id)
+                    .push_bind(&cap.id)
+                    .push_bind(kind.as_str())
+                    .push_bind(position)
+                    .push_bind(&cap.description)
+                    .push_bind(to_json(&cap.tags))
+                    .push_bind(cap.input_schema.as_ref().map(to_json))
+                    .push_bind(cap.output_schema.as_ref().map(to_json))
+                    .push_bind(to_json(&cap.examples))
+                    .push_bind(&cap.endpoint)
+                    .push_bind(cap.internal);
+            });
+            insert.build().execute(&mut *tx).await?;
+        }
+        let change = if created {
+            CatalogChange::Registered { agent_id: def.id.clone() }
+        } else {
+            CatalogChange::Updated { agent_id: def.id.clone() }
+        };
+        notify(&mut tx, &change).await?;
+        tx.commit().await?;
+        Ok(Registered {
+            record: AgentRecord {
+                definition: def.clone(),
+                registered_at: crate::from_ms(registered_at_ms),
+                updated_at: now,
+                last_heartbeat: now,
+                reported_status: ReportedStatus::Active,
+            },
+            created,
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        agent_id: &str,
+        status: ReportedStatus,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<AgentRecord>> {
+        let at_ms = now.timestamp_millis();
+        let change = CatalogChange::Heartbeat { agent_id: agent_id.to_owned(), status, at_ms };
+        // One round trip: update, and notify only when a row was updated.
+        let updated = sqlx::query(
+            "WITH u AS (UPDATE agentmesh_agents SET last_heartbeat_ms = GREATEST(last_heartbeat_ms, $1), \
+             reported_status = $2 WHERE id = $3 RETURNING id) SELECT pg_notify($4, $5) FROM u",
+        )
+        .bind(at_ms)
+        .bind(status.as_str())
+        .bind(agent_id)
+        .bind(NOTIFY_CHANNEL)
+        .bind(to_json(&change))
+        .fetch_optional(&self.pool)
+        .await?;
+        if updated.is_none() {
+            return Ok(None);
+        }
+        self.get(agent_id).await
+    }
+
+    async fn deregister(&self, agent_id: &str) -> StoreResult<bool> {
+        let change = CatalogChange::Deregistered { agent_id: agent_id.to_owned() };
+        let deleted = sqlx::query(
+            "WITH d AS (DELETE FROM agentmesh_agents WHERE id = $1 RETURNING id) SELECT pg_notify($2, $3) FROM d",
+        )
+        .bind(agent_id)
+        .bind(NOTIFY_CHANNEL)
+        .bind(to_json(&change))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(deleted.is_some())
+    }
+
+    async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>> {
+        let rows = sqlx::query(concat!(select_agents!(), " WHERE a.id = $1 ORDER BY a.id, c.position"))
+            .bind(agent_id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(decode_agents(&rows)?.pop())
+    }
+
+    async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
+        let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch_all(&self.pool).await?;
+        decode_agents(&rows)
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<CatalogChange> {
+        self.changes.subscribe()
+    }
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+}
+
+async fn notify(tx: &mut sqlx::Transaction<'_, Postgres>, change: &CatalogChange) -> StoreResult<()> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(to_json(change)).execute(&mut **tx).await?;
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Decoding of the one query that reads agents with their capabilities,
+//! shared by both backends.
+
+use agentmesh_core::{
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, ReportedStatus, Transport,
+};
+use serde::de::DeserializeOwned;
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use crate::{StoreError, StoreResult, from_ms};
+
+/// Agents joined with their capabilities; callers append WHERE and must
+/// order by `a.id` then `c.position`. A macro so that `concat!` keeps every
+/// query a literal.
+macro_rules! select_agents {
+    () => {
+        "SELECT a.id, a.base_url, a.transport, a.version, a.deployment_type, \
+a.tags, a.reported_status, a.registered_at_ms, a.updated_at_ms, a.last_heartbeat_ms, \
+c.id AS cap_id, c.kind AS cap_kind, c.description AS cap_description, c.tags AS cap_tags, \
+c.input_schema AS cap_input_schema, c.output_schema AS cap_output_schema, c.examples AS cap_examples, \
+c.endpoint AS cap_endpoint, c.internal AS cap_internal \
+FROM agentmesh_agents a LEFT JOIN agentmesh_capabilities c ON c.agent_id = a.id"
+    };
+}
+pub(crate) use select_agents;
+
+/// Capability columns in insertion order (shared by both backends).
+pub(crate) const CAPABILITY_COLUMNS: &str =
+    "agent_id, id, kind, position, description, tags, input_schema, output_schema, examples, endpoint, internal";
+
+fn get<'r, R, T>(row: &'r R, column: &'static str) -> StoreResult<T>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    row.try_get(column).map_err(StoreError::from)
+}
+
+fn json<T: DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// Serializes a value stored as JSON text.
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn transport(value: &str) -> StoreResult<Transport> {
+    match value {
+        "http" => Ok(Transport::Http),
+        "grpc" => Ok(Transport::Grpc),
+        other => Err(StoreError::Corrupt(format!("unknown transport `{other}`"))),
+    }
+}
+
+fn deployment(value: &str) -> StoreResult<DeploymentType> {
+    match value {
+        "long_running" => Ok(DeploymentType::LongRunning),
+        "serverless" => Ok(DeploymentType::Serverless),
+        other => Err(StoreError::Corrupt(format!("unknown deployment type `{other}`"))),
+    }
+}
+
+/// Groups joined rows (ordered by agent id, then capability position) into agents.
+pub(crate) fn decode_agents<R>(rows: &[R]) -> StoreResult<Vec<AgentRecord>>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let mut agents: Vec<AgentRecord> = Vec::new();
+    for row in rows {
+        let id: String = get(row, "id")?;
+        if agents.last().is_none_or(|a| a.definition.id != id) {
+            let status: String = get(row, "reported_status")?;
+            agents.push(AgentRecord {
+                definition: AgentDefinition {
+                    base_url: get(row, "base_url")?,
+                    transport: transport(&get::<R, String>(row, "transport")?)?,
+                    version: get(row, "version")?,
+                    deployment_type: deployment(&get::<R, String>(row, "deployment_type")?)?,
+                    tags: json(&get::<R, String>(row, "tags")?, "agent tags")?,
+                    reasoners: Vec::new(),
+                    skills: Vec::new(),
+                    id,
+                },
+                registered_at: from_ms(get(row, "registered_at_ms")?),
+                updated_at: from_ms(get(row, "updated_at_ms")?),
+                last_heartbeat: from_ms(get(row, "last_heartbeat_ms")?),
+                reported_status: ReportedStatus::parse(&status)
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown reported status `{status}`")))?,
+            });
+        }
+        let Some(cap_id) = get::<R, Option<String>>(row, "cap_id")? else {
+            continue;
+        };
+        let kind: String = get::<R, Option<String>>(row, "cap_kind")?.unwrap_or_default();
+        let schema = |column| -> StoreResult<Option<serde_json::Value>> {
+            get::<R, Option<String>>(row, column)?.map(|text| json(&text, column)).transpose()
+        };
+        let capability = Capability {
+            id: cap_id,
+            description: get::<R, Option<String>>(row, "cap_description")?.unwrap_or_default(),
+            tags: json(&get::<R, Option<String>>(row, "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
+            input_schema: schema("cap_input_schema")?,
+            output_schema: schema("cap_output_schema")?,
+            examples: json(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()), "examples")?,
+            endpoint: get::<R, Option<String>>(row, "cap_endpoint")?.unwrap_or_default(),
+            internal: get::<R, Option<bool>>(row, "cap_internal")?.unwrap_or(false),
+        };
+        if let Some(agent) = agents.last_mut() {
+            match kind.as_str() {
+                "reasoner" => agent.definition.reasoners.push(capability),
+                "skill" => agent.definition.skills.push(capability),
+                other => return Err(StoreError::Corrupt(format!("unknown capability kind `{other}`"))),
+            }
+        }
+    }
+    Ok(agents)
+}
+
+/// Capabilities of a definition with their kind and global position.
+pub(crate) fn capability_rows(def: &AgentDefinition) -> impl Iterator<Item = (i32, CapabilityKind, &Capability)> {
+    def.capabilities().enumerate().map(|(i, (kind, cap))| (i32::try_from(i).unwrap_or(i32::MAX), kind, cap))
+}

@@ -1,0 +1,267 @@
+//! Conversions between protobuf messages and the domain model, in one place.
+
+use agentmesh_core::{
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, InvocationTarget, Transport,
+};
+use agentmesh_proto::v1 as pb;
+use chrono::{DateTime, Utc};
+use prost_types::value::Kind;
+use serde_json::{Map, Number, Value};
+
+/// JSON to a protobuf `Value`.
+pub fn json_to_value(json: &Value) -> prost_types::Value {
+    let kind = match json {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Array(items) => {
+            Kind::ListValue(prost_types::ListValue { values: items.iter().map(json_to_value).collect() })
+        }
+        Value::Object(map) => Kind::StructValue(map_to_struct(map)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+fn map_to_struct(map: &Map<String, Value>) -> prost_types::Struct {
+    prost_types::Struct { fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect() }
+}
+
+/// JSON to a protobuf `Struct`; `None` when the JSON is not an object.
+pub fn json_to_struct(json: &Value) -> Option<prost_types::Struct> {
+    json.as_object().map(map_to_struct)
+}
+
+/// A protobuf `Value` to JSON. Whole numbers become integers, so that
+/// `{"n": 5}` survives a round trip as an integer.
+pub fn value_to_json(value: &prost_types::Value) -> Value {
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::NumberValue(n)) => number(*n),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::ListValue(list)) => Value::Array(list.values.iter().map(value_to_json).collect()),
+        Some(Kind::StructValue(s)) => struct_to_json(s),
+    }
+}
+
+fn number(n: f64) -> Value {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if n.fract() == 0.0 && n.abs() < EXACT {
+        #[allow(clippy::cast_possible_truncation)]
+        return Value::Number(Number::from(n as i64));
+    }
+    Number::from_f64(n).map_or(Value::Null, Value::Number)
+}
+
+/// A protobuf `Struct` to a JSON object.
+pub fn struct_to_json(s: &prost_types::Struct) -> Value {
+    Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect())
+}
+
+/// A timestamp to protobuf.
+pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: at.timestamp(), nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0) }
+}
+
+/// Health to protobuf.
+pub fn health_to_pb(h: HealthStatus) -> pb::HealthStatus {
+    match h {
+        HealthStatus::Active => pb::HealthStatus::Active,
+        HealthStatus::Degraded => pb::HealthStatus::Degraded,
+        HealthStatus::Inactive => pb::HealthStatus::Inactive,
+    }
+}
+
+/// Which parts of a capability to include.
+#[derive(Debug, Clone, Copy)]
+pub struct Detail {
+    /// Descriptions.
+    pub descriptions: bool,
+    /// Input schemas.
+    pub input_schema: bool,
+    /// Output schemas.
+    pub output_schema: bool,
+    /// Examples.
+    pub examples: bool,
+}
+
+impl Detail {
+    /// Everything.
+    pub const FULL: Self = Self { descriptions: true, input_schema: true, output_schema: true, examples: true };
+}
+
+/// A capability to protobuf.
+pub fn capability_to_pb(agent: &str, kind: CapabilityKind, c: &Capability, detail: Detail) -> pb::Capability {
+    pb::Capability {
+        id: c.id.clone(),
+        kind: match kind {
+            CapabilityKind::Reasoner => pb::CapabilityKind::Reasoner,
+            CapabilityKind::Skill => pb::CapabilityKind::Skill,
+        } as i32,
+        description: if detail.descriptions { c.description.clone() } else { String::new() },
+        tags: c.tags.clone(),
+        input_schema: if detail.input_schema { c.input_schema.as_ref().and_then(json_to_struct) } else { None },
+        output_schema: if detail.output_schema { c.output_schema.as_ref().and_then(json_to_struct) } else { None },
+        examples: if detail.examples { c.examples.iter().filter_map(json_to_struct).collect() } else { Vec::new() },
+        endpoint: c.endpoint_or_default(kind),
+        internal: c.internal,
+        invocation_target: InvocationTarget::new(agent, kind, c.id.as_str()).to_string(),
+    }
+}
+
+/// An agent to protobuf with the given capabilities.
+pub fn agent_to_pb<'a>(
+    record: &AgentRecord,
+    health: HealthStatus,
+    last_heartbeat: DateTime<Utc>,
+    reasoners: impl IntoIterator<Item = &'a Capability>,
+    skills: impl IntoIterator<Item = &'a Capability>,
+    detail: Detail,
+) -> pb::Agent {
+    let def = &record.definition;
+    pb::Agent {
+        id: def.id.clone(),
+        base_url: def.base_url.clone(),
+        transport: match def.transport {
+            Transport::Http => pb::Transport::Http,
+            Transport::Grpc => pb::Transport::Grpc,
+        } as i32,
+        version: def.version.clone(),
+        deployment_type: match def.deployment_type {
+            DeploymentType::LongRunning => pb::DeploymentType::LongRunning,
+            DeploymentType::Serverless => pb::DeploymentType::Serverless,
+        } as i32,
+        health_status: health_to_pb(health) as i32,
+        last_heartbeat: Some(timestamp(last_heartbeat)),
+        tags: def.tags.clone(),
+        reasoners: reasoners
+            .into_iter()
+            .map(|c| capability_to_pb(&def.id, CapabilityKind::Reasoner, c, detail))
+            .collect(),
+        skills: skills.into_iter().map(|c| capability_to_pb(&def.id, CapabilityKind::Skill, c, detail)).collect(),
+        registered_at: Some(timestamp(record.registered_at)),
+    }
+}
+
+/// A whole agent to protobuf.
+pub fn full_agent_to_pb(record: &AgentRecord, health: HealthStatus) -> pb::Agent {
+    let def = &record.definition;
+    agent_to_pb(record, health, record.last_heartbeat, &def.reasoners, &def.skills, Detail::FULL)
+}
+
+/// A registration to protobuf (for clients).
+pub fn definition_to_pb(def: &AgentDefinition) -> pb::Agent {
+    let now = Utc::now();
+    let record = AgentRecord {
+        definition: def.clone(),
+        registered_at: now,
+        updated_at: now,
+        last_heartbeat: now,
+        reported_status: agentmesh_core::ReportedStatus::Active,
+    };
+    let mut agent = full_agent_to_pb(&record, HealthStatus::Active);
+    agent.health_status = pb::HealthStatus::Unspecified as i32;
+    agent.last_heartbeat = None;
+    agent.registered_at = None;
+    agent
+}
+
+/// A protobuf agent as the JSON document the REST API returns.
+pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
+    let caps = |list: &[pb::Capability]| -> Vec<Value> {
+        list.iter()
+            .map(|c| {
+                let mut v = serde_json::json!({
+                    "id": c.id, "description": c.description, "tags": c.tags, "endpoint": c.endpoint,
+                    "internal": c.internal, "invocation_target": c.invocation_target,
+                });
+                if let Some(s) = &c.input_schema {
+                    v["input_schema"] = struct_to_json(s);
+                }
+                if let Some(s) = &c.output_schema {
+                    v["output_schema"] = struct_to_json(s);
+                }
+                if !c.examples.is_empty() {
+                    v["examples"] = Value::Array(c.examples.iter().map(struct_to_json).collect());
+                }
+                v
+            })
+            .collect()
+    };
+    let ts = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref()
+            .and_then(|t| DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0)))
+            .map(crate::render::timestamp)
+    };
+    serde_json::json!({
+        "id": agent.id,
+        "base_url": agent.base_url,
+        "transport": if agent.transport == pb::Transport::Grpc as i32 { "grpc" } else { "http" },
+        "version": agent.version,
+        "deployment_type": if agent.deployment_type == pb::DeploymentType::Serverless as i32 { "serverless" } else { "long_running" },
+        "tags": agent.tags,
+        "health_status": health_name(agent.health_status),
+        "last_heartbeat": ts(&agent.last_heartbeat),
+        "registered_at": ts(&agent.registered_at),
+        "reasoners": caps(&agent.reasoners),
+        "skills": caps(&agent.skills),
+    })
+}
+
+/// Lowercase name of a protobuf health value.
+pub fn health_name(value: i32) -> &'static str {
+    match pb::HealthStatus::try_from(value) {
+        Ok(pb::HealthStatus::Active) => "active",
+        Ok(pb::HealthStatus::Degraded) => "degraded",
+        Ok(pb::HealthStatus::Inactive) => "inactive",
+        _ => "unknown",
+    }
+}
+
+fn capability_from_pb(c: &pb::Capability) -> Capability {
+    Capability {
+        id: c.id.clone(),
+        description: c.description.clone(),
+        tags: c.tags.clone(),
+        input_schema: c.input_schema.as_ref().map(struct_to_json),
+        output_schema: c.output_schema.as_ref().map(struct_to_json),
+        examples: c.examples.iter().map(struct_to_json).collect(),
+        endpoint: c.endpoint.clone(),
+        internal: c.internal,
+    }
+}
+
+/// A registration from protobuf. Capabilities go to the list they are in;
+/// a `kind` that disagrees with the list is reported by the caller.
+pub fn definition_from_pb(agent: &pb::Agent) -> AgentDefinition {
+    AgentDefinition {
+        id: agent.id.clone(),
+        base_url: agent.base_url.clone(),
+        transport: match pb::Transport::try_from(agent.transport) {
+            Ok(pb::Transport::Grpc) => Transport::Grpc,
+            _ => Transport::Http,
+        },
+        version: agent.version.clone(),
+        deployment_type: match pb::DeploymentType::try_from(agent.deployment_type) {
+            Ok(pb::DeploymentType::Serverless) => DeploymentType::Serverless,
+            _ => DeploymentType::LongRunning,
+        },
+        tags: agent.tags.clone(),
+        reasoners: agent.reasoners.iter().map(capability_from_pb).collect(),
+        skills: agent.skills.iter().map(capability_from_pb).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_round_trips_through_struct() {
+        let v = json!({"a": 1, "b": [true, null, "x", 2.5], "c": {"d": -3}});
+        let s = json_to_struct(&v).unwrap_or_default();
+        assert_eq!(struct_to_json(&s), v);
+    }
+}

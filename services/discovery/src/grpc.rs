@@ -1,0 +1,270 @@
+//! The gRPC DiscoveryService: thin handlers over the registry.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentmesh_core::query::{DEFAULT_LIMIT, MAX_LIMIT};
+use agentmesh_core::{CapabilityQuery, HealthStatus, Pattern, ReportedStatus};
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::discovery_service_server::DiscoveryService;
+use futures_util::Stream;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tonic::{Request, Response, Status};
+
+use crate::cache::Source;
+use crate::convert::{Detail, agent_to_pb, definition_from_pb, full_agent_to_pb, health_to_pb, timestamp};
+use crate::error::DiscoveryError;
+use crate::registry::{CatalogEvent, EventKind, Registry};
+use crate::render::{Format, render};
+use crate::rest::new_request_id;
+
+/// The gRPC service.
+pub struct DiscoveryGrpc {
+    registry: Arc<Registry>,
+}
+
+impl DiscoveryGrpc {
+    /// A service over the registry.
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Self { registry }
+    }
+}
+
+fn request_id<T>(request: &Request<T>) -> String {
+    request
+        .metadata()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(new_request_id, str::to_owned)
+}
+
+fn health_from_pb(value: i32, field: &str) -> Result<Option<HealthStatus>, DiscoveryError> {
+    match pb::HealthStatus::try_from(value) {
+        Ok(pb::HealthStatus::Unspecified) => Ok(None),
+        Ok(pb::HealthStatus::Active) => Ok(Some(HealthStatus::Active)),
+        Ok(pb::HealthStatus::Degraded) => Ok(Some(HealthStatus::Degraded)),
+        Ok(pb::HealthStatus::Inactive) => Ok(Some(HealthStatus::Inactive)),
+        Err(_) => Err(DiscoveryError::invalid(field, &value.to_string(), format!("unknown {field} value {value}"))),
+    }
+}
+
+/// A gRPC list request as a domain query, with the same limits as REST.
+pub fn query_from_pb(r: &pb::ListCapabilitiesRequest) -> Result<(CapabilityQuery, Option<Format>), DiscoveryError> {
+    let limit = match r.limit {
+        0 => DEFAULT_LIMIT,
+        n if n as usize <= MAX_LIMIT => n as usize,
+        n => {
+            return Err(DiscoveryError::invalid(
+                "limit",
+                &n.to_string(),
+                format!("Invalid limit parameter. Must be an integer between 1 and {MAX_LIMIT}"),
+            ));
+        }
+    };
+    let format = match pb::RenderFormat::try_from(r.format) {
+        Ok(pb::RenderFormat::Unspecified) => None,
+        Ok(pb::RenderFormat::Json) => Some(Format::Json),
+        Ok(pb::RenderFormat::Xml) => Some(Format::Xml),
+        Ok(pb::RenderFormat::Compact) => Some(Format::Compact),
+        Err(_) => return Err(DiscoveryError::not_one_of("format", &r.format.to_string(), &Format::NAMES)),
+    };
+    let non_empty = |v: &Option<String>| v.as_deref().filter(|s| !s.is_empty()).map(Pattern::new);
+    let query = CapabilityQuery {
+        agent_ids: r.agent_ids.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        reasoner: non_empty(&r.reasoner),
+        skill: non_empty(&r.skill),
+        tags: r.tags.iter().filter(|s| !s.is_empty()).map(|t| Pattern::new(t)).collect(),
+        include_input_schema: r.include_input_schema,
+        include_output_schema: r.include_output_schema,
+        include_descriptions: r.include_descriptions.unwrap_or(true),
+        include_examples: r.include_examples,
+        health_status: health_from_pb(r.health_status, "health_status")?,
+        limit,
+        offset: r.offset as usize,
+        exclude_agents: r.exclude_agents.clone(),
+        include_internal: r.include_internal,
+    };
+    Ok((query, format))
+}
+
+fn event_to_pb(event: &CatalogEvent, registry: &Registry) -> pb::WatchCatalogResponse {
+    let kind = match event.kind {
+        EventKind::Registered => pb::CatalogEventKind::Registered,
+        EventKind::Updated => pb::CatalogEventKind::Updated,
+        EventKind::HealthChanged => pb::CatalogEventKind::HealthChanged,
+        EventKind::Deregistered => pb::CatalogEventKind::Deregistered,
+    };
+    let health = event.health.or_else(|| {
+        event.agent.as_ref().map(|a| registry.policy().derive(a.last_heartbeat, a.reported_status, chrono::Utc::now()))
+    });
+    pb::WatchCatalogResponse {
+        kind: kind as i32,
+        agent_id: event.agent_id.clone(),
+        agent: event.agent.as_ref().map(|a| full_agent_to_pb(a, health.unwrap_or(HealthStatus::Active))),
+        health_status: health.map_or(pb::HealthStatus::Unspecified, health_to_pb) as i32,
+        occurred_at: Some(timestamp(event.at)),
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchCatalogResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DiscoveryService for DiscoveryGrpc {
+    async fn register_agent(
+        &self,
+        request: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let Some(agent) = request.into_inner().agent else {
+            return Err(DiscoveryError::invalid("agent", "", "agent is required").into());
+        };
+        let (record, created) = self.registry.register(definition_from_pb(&agent)).await?;
+        Ok(Response::new(pb::RegisterAgentResponse {
+            agent: Some(full_agent_to_pb(&record, HealthStatus::Active)),
+            created,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let r = request.into_inner();
+        let status = match health_from_pb(r.status, "status")? {
+            None | Some(HealthStatus::Active) => ReportedStatus::Active,
+            Some(HealthStatus::Degraded) => ReportedStatus::Degraded,
+            Some(HealthStatus::Inactive) => {
+                return Err(
+                    DiscoveryError::invalid("status", "INACTIVE", "an agent may report ACTIVE or DEGRADED").into()
+                );
+            }
+        };
+        let record = self.registry.heartbeat(&r.agent_id, status).await?;
+        let policy = self.registry.policy();
+        let health = policy.derive(record.last_heartbeat, record.reported_status, chrono::Utc::now());
+        Ok(Response::new(pb::HeartbeatResponse {
+            health_status: health_to_pb(health) as i32,
+            heartbeat_interval_seconds: u32::try_from(policy.heartbeat_interval.as_secs()).unwrap_or(u32::MAX).max(1),
+        }))
+    }
+
+    async fn deregister_agent(
+        &self,
+        request: Request<pb::DeregisterAgentRequest>,
+    ) -> Result<Response<pb::DeregisterAgentResponse>, Status> {
+        self.registry.deregister(&request.into_inner().agent_id).await?;
+        Ok(Response::new(pb::DeregisterAgentResponse {}))
+    }
+
+    async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
+        let (record, health) = self.registry.get(&request.into_inner().agent_id).await?;
+        Ok(Response::new(pb::GetAgentResponse { agent: Some(full_agent_to_pb(&record, health)) }))
+    }
+
+    async fn list_capabilities(
+        &self,
+        request: Request<pb::ListCapabilitiesRequest>,
+    ) -> Result<Response<pb::ListCapabilitiesResponse>, Status> {
+        let started = Instant::now();
+        let request_id = request_id(&request);
+        let metrics = self.registry.metrics();
+        let (query, format) = match query_from_pb(request.get_ref()) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                metrics.requests.with_label_values(&["grpc", "error"]).inc();
+                return Err(e.into());
+            }
+        };
+        let label = format.map_or("grpc", Format::as_str);
+        let detail = Detail {
+            descriptions: query.include_descriptions,
+            input_schema: query.include_input_schema,
+            output_schema: query.include_output_schema,
+            examples: query.include_examples,
+        };
+        let result = self
+            .registry
+            .query(&query, |page, now| pb::ListCapabilitiesResponse {
+                discovered_at: Some(timestamp(now)),
+                total_agents: u32::try_from(page.total_agents).unwrap_or(u32::MAX),
+                total_reasoners: u32::try_from(page.total_reasoners).unwrap_or(u32::MAX),
+                total_skills: u32::try_from(page.total_skills).unwrap_or(u32::MAX),
+                pagination: Some(pb::Pagination {
+                    limit: u32::try_from(page.limit).unwrap_or(u32::MAX),
+                    offset: u32::try_from(page.offset).unwrap_or(u32::MAX),
+                    has_more: page.has_more,
+                }),
+                capabilities: page
+                    .agents
+                    .iter()
+                    .map(|m| {
+                        agent_to_pb(
+                            m.record,
+                            m.health,
+                            m.last_heartbeat,
+                            m.reasoners.iter().copied(),
+                            m.skills.iter().copied(),
+                            detail,
+                        )
+                    })
+                    .collect(),
+                rendered: format.map(|f| render(f, page, &query, now)).unwrap_or_default(),
+            })
+            .await;
+        let elapsed = started.elapsed();
+        metrics.duration.with_label_values(&[label]).observe(elapsed.as_secs_f64());
+        match result {
+            Ok((response, source)) => {
+                metrics.requests.with_label_values(&[label, "success"]).inc();
+                tracing::info!(
+                    request_id,
+                    operation = "list_capabilities",
+                    format = label,
+                    agents = response.capabilities.len(),
+                    duration_ms = elapsed.as_secs_f64() * 1000.0,
+                    cache_hit = source == Source::Hit,
+                    "discovery request completed"
+                );
+                Ok(Response::new(response))
+            }
+            Err(e) => {
+                metrics.requests.with_label_values(&[label, "error"]).inc();
+                tracing::error!(request_id, error = %e, "discovery request failed");
+                Err(e.into())
+            }
+        }
+    }
+
+    type WatchCatalogStream = WatchStream;
+
+    async fn watch_catalog(
+        &self,
+        request: Request<pb::WatchCatalogRequest>,
+    ) -> Result<Response<Self::WatchCatalogStream>, Status> {
+        // Subscribe before reading the snapshot so that nothing falls between.
+        let receiver = self.registry.subscribe();
+        let mut initial = Vec::new();
+        if request.into_inner().include_snapshot {
+            for (record, health) in self.registry.all().await? {
+                initial.push(Ok(pb::WatchCatalogResponse {
+                    kind: pb::CatalogEventKind::Registered as i32,
+                    agent_id: record.id().to_owned(),
+                    agent: Some(full_agent_to_pb(&record, health)),
+                    health_status: health_to_pb(health) as i32,
+                    occurred_at: Some(timestamp(chrono::Utc::now())),
+                }));
+            }
+        }
+        let registry = self.registry.clone();
+        let live = BroadcastStream::new(receiver).map(move |event| match event {
+            Ok(event) => Ok(event_to_pb(&event, &registry)),
+            Err(BroadcastStreamRecvError::Lagged(missed)) => Err(Status::aborted(format!(
+                "watcher fell {missed} events behind; reconnect with include_snapshot=true"
+            ))),
+        });
+        Ok(Response::new(Box::pin(tokio_stream::iter(initial).chain(live))))
+    }
+}

@@ -1,0 +1,200 @@
+//! The agentmesh discovery service: the agent registry over gRPC and REST on
+//! one listening address, backed by PostgreSQL or SQLite.
+//!
+//! [`serve`] binds the configured address; [`serve_with_listener`] takes a
+//! listener bound by the caller (tests bind `127.0.0.1:0`).
+
+pub mod cache;
+pub mod convert;
+pub mod error;
+pub mod grpc;
+pub mod metrics;
+pub mod params;
+pub mod registry;
+pub mod render;
+pub mod rest;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_core::HealthPolicy;
+use agentmesh_proto::v1::discovery_service_server::DiscoveryServiceServer;
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
+
+pub use error::DiscoveryError;
+pub use registry::Registry;
+
+/// Fully qualified gRPC name of the discovery service (for health checks).
+pub const SERVICE_NAME: &str = "agentmesh.v1.DiscoveryService";
+
+/// Configuration of the discovery service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Address serving gRPC and HTTP.
+    pub listen: SocketAddr,
+    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://…`.
+    pub database_url: String,
+    /// Expected seconds between agent heartbeats; 3 missed → degraded, 6 → inactive.
+    pub heartbeat_interval_secs: f64,
+    /// Seconds a catalog snapshot is served before it is reloaded.
+    pub cache_ttl_secs: f64,
+    /// Largest accepted REST request body, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            database_url: "sqlite://agentmesh.db".to_owned(),
+            heartbeat_interval_secs: 10.0,
+            cache_ttl_secs: 30.0,
+            max_request_bytes: 1024 * 1024,
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    /// Checks the values once at start-up.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.heartbeat_interval_secs.is_finite() && self.heartbeat_interval_secs >= 0.01,
+            "heartbeat_interval_secs must be at least 0.01, got {}",
+            self.heartbeat_interval_secs
+        );
+        anyhow::ensure!(
+            self.cache_ttl_secs.is_finite() && self.cache_ttl_secs >= 0.0,
+            "cache_ttl_secs must be zero or more, got {}",
+            self.cache_ttl_secs
+        );
+        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
+        anyhow::ensure!(
+            self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
+            "database_url must start with sqlite: or postgres://, got `{}`",
+            self.database_url
+        );
+        Ok(())
+    }
+
+    fn policy(&self) -> HealthPolicy {
+        HealthPolicy { heartbeat_interval: Duration::from_secs_f64(self.heartbeat_interval_secs) }
+    }
+}
+
+/// Binds `config.listen` and serves until `shutdown` resolves.
+pub async fn serve(config: DiscoveryConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener =
+        TcpListener::bind(config.listen).await.with_context(|| format!("binding discovery to {}", config.listen))?;
+    serve_with_listener(config, listener, shutdown).await
+}
+
+/// Serves on an already bound listener until `shutdown` resolves.
+pub async fn serve_with_listener(
+    config: DiscoveryConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let store = agentmesh_store::connect(&config.database_url)
+        .await
+        .with_context(|| format!("opening the agent store at {}", redact(&config.database_url)))?;
+    let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
+    let registry = Arc::new(Registry::new(
+        store.clone(),
+        config.policy(),
+        Duration::from_secs_f64(config.cache_ttl_secs),
+        metrics,
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    registry.spawn_background(stop_rx.clone());
+    let app = router(registry.clone(), &config, stop_rx).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, backend = store.backend(), "discovery listening (gRPC and HTTP)");
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+        .await
+        .context("serving discovery")?;
+    tracing::info!("discovery stopped");
+    Ok(())
+}
+
+/// The whole service stack: gRPC discovery, health and reflection (v1 and
+/// v1alpha) beside the REST routes, on one router.
+async fn router(
+    registry: Arc<Registry>,
+    config: &DiscoveryConfig,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<axum::Router> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_service_status(SERVICE_NAME, ServingStatus::Serving).await;
+    tokio::spawn(mirror_store_health(registry.store_healthy(), health_reporter, stop));
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let grpc = tonic::service::Routes::new(DiscoveryServiceServer::new(grpc::DiscoveryGrpc::new(registry.clone())))
+        .add_service(health_service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .into_axum_router();
+    let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
+    Ok(rest.merge(grpc))
+}
+
+async fn mirror_store_health(
+    mut healthy: watch::Receiver<bool>,
+    reporter: tonic_health::server::HealthReporter,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let status = if *healthy.borrow_and_update() { ServingStatus::Serving } else { ServingStatus::NotServing };
+        reporter.set_service_status(SERVICE_NAME, status).await;
+        reporter.set_service_status("", status).await;
+        tokio::select! {
+            changed = healthy.changed() => if changed.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// A database URL with any password replaced by `***`, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
+    }
+}

@@ -1,0 +1,287 @@
+//! The registry logic both APIs call: writes go to the store and invalidate
+//! the cache; reads come from the cache snapshot with health derived at
+//! query time; one background task follows catalog changes from every
+//! replica and turns them into watch events, another watches the store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_core::{
+    AgentDefinition, AgentRecord, CapabilityQuery, CatalogPage, HealthPolicy, HealthStatus, ReportedStatus,
+    validate_definition,
+};
+use agentmesh_store::{AgentStore, CatalogChange};
+use chrono::{DateTime, Utc};
+use tokio::sync::{broadcast, watch};
+
+use crate::cache::{CatalogCache, Source};
+use crate::error::DiscoveryError;
+use crate::metrics::Metrics;
+
+/// What happened to an agent, for WatchCatalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// New agent id.
+    Registered,
+    /// Existing agent registered again.
+    Updated,
+    /// Derived health changed.
+    HealthChanged,
+    /// Agent removed.
+    Deregistered,
+}
+
+/// A catalog change as streamed to watchers.
+#[derive(Debug, Clone)]
+pub struct CatalogEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// The agent concerned.
+    pub agent_id: String,
+    /// The agent after the change (absent when removed or unreadable).
+    pub agent: Option<AgentRecord>,
+    /// Health after the change.
+    pub health: Option<HealthStatus>,
+    /// When the change was observed.
+    pub at: DateTime<Utc>,
+}
+
+/// The agent registry.
+pub struct Registry {
+    store: Arc<dyn AgentStore>,
+    cache: CatalogCache,
+    policy: HealthPolicy,
+    metrics: Arc<Metrics>,
+    events: broadcast::Sender<CatalogEvent>,
+    store_healthy: watch::Sender<bool>,
+}
+
+impl Registry {
+    /// A registry over `store`.
+    pub fn new(store: Arc<dyn AgentStore>, policy: HealthPolicy, cache_ttl: Duration, metrics: Arc<Metrics>) -> Self {
+        let (events, _) = broadcast::channel(4096);
+        let (store_healthy, _) = watch::channel(true);
+        Self {
+            cache: CatalogCache::new(store.clone(), cache_ttl, metrics.clone()),
+            store,
+            policy,
+            metrics,
+            events,
+            store_healthy,
+        }
+    }
+
+    /// The heartbeat rules in force.
+    pub fn policy(&self) -> HealthPolicy {
+        self.policy
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether the store answered its last check.
+    pub fn store_healthy(&self) -> watch::Receiver<bool> {
+        self.store_healthy.subscribe()
+    }
+
+    /// Validates and stores a registration; true when the id was new.
+    pub async fn register(&self, definition: AgentDefinition) -> Result<(AgentRecord, bool), DiscoveryError> {
+        if let Err(errors) = validate_definition(&definition) {
+            self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
+            return Err(DiscoveryError::Validation(errors));
+        }
+        let result = self.store.register(&definition, Utc::now()).await;
+        self.count("register", result.is_ok());
+        let registered = result?;
+        self.cache.invalidate();
+        tracing::info!(operation = "register", agent_id = %definition.id, created = registered.created,
+            capabilities = definition.reasoners.len() + definition.skills.len(), "agent registered");
+        Ok((registered.record, registered.created))
+    }
+
+    /// Records a heartbeat; returns the health after it and the interval.
+    pub async fn heartbeat(&self, agent_id: &str, status: ReportedStatus) -> Result<AgentRecord, DiscoveryError> {
+        let now = Utc::now();
+        let result = self.store.heartbeat(agent_id, status, now).await;
+        self.count("heartbeat", result.is_ok());
+        let record = result?.ok_or_else(|| DiscoveryError::NotFound(agent_id.to_owned()))?;
+        self.cache.apply_heartbeat(agent_id, status, now.timestamp_millis());
+        tracing::debug!(operation = "heartbeat", agent_id, status = status.as_str(), "heartbeat");
+        Ok(record)
+    }
+
+    /// Removes an agent.
+    pub async fn deregister(&self, agent_id: &str) -> Result<(), DiscoveryError> {
+        let result = self.store.deregister(agent_id).await;
+        self.count("deregister", result.is_ok());
+        if !result? {
+            return Err(DiscoveryError::NotFound(agent_id.to_owned()));
+        }
+        self.cache.invalidate();
+        tracing::info!(operation = "deregister", agent_id, "agent deregistered");
+        Ok(())
+    }
+
+    fn count(&self, operation: &str, ok: bool) {
+        self.metrics.writes.with_label_values(&[operation, if ok { "ok" } else { "error" }]).inc();
+    }
+
+    /// One agent with every capability and its current health.
+    pub async fn get(&self, agent_id: &str) -> Result<(AgentRecord, HealthStatus), DiscoveryError> {
+        let (snapshot, _) = self.cache.snapshot().await?;
+        snapshot.get(agent_id, self.policy, Utc::now()).ok_or_else(|| DiscoveryError::NotFound(agent_id.to_owned()))
+    }
+
+    /// Runs a capability query and hands the page to `render`.
+    pub async fn query<R>(
+        &self,
+        query: &CapabilityQuery,
+        render: impl FnOnce(&CatalogPage<'_>, DateTime<Utc>) -> R,
+    ) -> Result<(R, Source), DiscoveryError> {
+        for filter in query.filters_used() {
+            self.metrics.filter_usage.with_label_values(&[filter]).inc();
+        }
+        let (snapshot, source) = self.cache.snapshot().await.map_err(|e| {
+            tracing::error!(error = %e, "catalog snapshot unavailable");
+            DiscoveryError::from(e)
+        })?;
+        let now = Utc::now();
+        let page = query.run(snapshot.observed(self.policy, now));
+        Ok((render(&page, now), source))
+    }
+
+    /// Every agent in the current snapshot with its health.
+    pub async fn all(&self) -> Result<Vec<(AgentRecord, HealthStatus)>, DiscoveryError> {
+        let (snapshot, _) = self.cache.snapshot().await?;
+        let now = Utc::now();
+        Ok(snapshot
+            .observed(self.policy, now)
+            .map(|(record, health, at)| {
+                let mut record = record.clone();
+                record.last_heartbeat = at;
+                (record, health)
+            })
+            .collect())
+    }
+
+    /// Subscribes to catalog events.
+    pub fn subscribe(&self) -> broadcast::Receiver<CatalogEvent> {
+        self.events.subscribe()
+    }
+
+    /// Starts the background tasks; they stop when `shutdown` resolves.
+    pub fn spawn_background(self: &Arc<Self>, shutdown: watch::Receiver<bool>) {
+        tokio::spawn(self.clone().follow_changes(shutdown.clone()));
+        tokio::spawn(self.clone().watch_store(shutdown));
+    }
+
+    async fn watch_store(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let healthy = match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, backend = self.store.backend(), "agent store is unreachable");
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!(backend = self.store.backend(), "agent store did not answer within 2s");
+                    false
+                }
+            };
+            self.store_healthy.send_if_modified(|current| std::mem::replace(current, healthy) != healthy);
+        }
+    }
+
+    async fn follow_changes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.store.subscribe();
+        let mut known: HashMap<String, HealthStatus> = HashMap::new();
+        let sweep_every = (self.policy.heartbeat_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let mut sweep = tokio::time::interval(sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                change = changes.recv() => match change {
+                    Ok(change) => self.apply_change(change, &mut known).await,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "catalog change stream lagged; reloading the snapshot");
+                        self.cache.invalidate();
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = sweep.tick() => self.sweep_health(&mut known).await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    fn emit(&self, kind: EventKind, agent_id: &str, agent: Option<AgentRecord>, health: Option<HealthStatus>) {
+        let _ = self.events.send(CatalogEvent { kind, agent_id: agent_id.to_owned(), agent, health, at: Utc::now() });
+    }
+
+    async fn apply_change(&self, change: CatalogChange, known: &mut HashMap<String, HealthStatus>) {
+        match change {
+            CatalogChange::Registered { agent_id } | CatalogChange::Updated { agent_id } => {
+                self.cache.invalidate();
+                let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
+                let agent = match self.store.get(&agent_id).await {
+                    Ok(agent) => agent,
+                    Err(e) => {
+                        tracing::warn!(error = %e, agent_id, "could not read a changed agent for watchers");
+                        None
+                    }
+                };
+                let health =
+                    agent.as_ref().map(|a| self.policy.derive(a.last_heartbeat, a.reported_status, Utc::now()));
+                if let Some(h) = health {
+                    known.insert(agent_id.clone(), h);
+                }
+                self.emit(kind, &agent_id, agent, health);
+            }
+            CatalogChange::Heartbeat { agent_id, status, at_ms } => {
+                self.cache.apply_heartbeat(&agent_id, status, at_ms);
+                let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_default();
+                let health = self.policy.derive(at, status, Utc::now());
+                if known.insert(agent_id.clone(), health).is_some_and(|before| before != health) {
+                    let agent =
+                        self.cache.peek().and_then(|s| s.get(&agent_id, self.policy, Utc::now())).map(|(a, _)| a);
+                    self.emit(EventKind::HealthChanged, &agent_id, agent, Some(health));
+                }
+            }
+            CatalogChange::Deregistered { agent_id } => {
+                self.cache.invalidate();
+                known.remove(&agent_id);
+                self.emit(EventKind::Deregistered, &agent_id, None, None);
+            }
+            CatalogChange::Resync => self.cache.invalidate(),
+        }
+    }
+
+    /// Emits HEALTH_CHANGED for agents whose derived health moved with time.
+    async fn sweep_health(&self, known: &mut HashMap<String, HealthStatus>) {
+        let Ok((snapshot, _)) = self.cache.snapshot().await else {
+            return;
+        };
+        let now = Utc::now();
+        let mut changed = Vec::new();
+        for (record, health, _) in snapshot.observed(self.policy, now) {
+            match known.insert(record.id().to_owned(), health) {
+                Some(before) if before != health => changed.push(record.id().to_owned()),
+                _ => {}
+            }
+        }
+        for id in changed {
+            let current = snapshot.get(&id, self.policy, now);
+            let health = current.as_ref().map(|(_, h)| *h);
+            tracing::info!(agent_id = %id, health = health.map(HealthStatus::as_str), "agent health changed");
+            self.emit(EventKind::HealthChanged, &id, current.map(|(a, _)| a), health);
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The REST API: registration, heartbeat, removal, lookup and the
+//! capability query of the discovery API, plus /metrics and health probes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentmesh_core::{AgentDefinition, ReportedStatus};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::cache::Source;
+use crate::error::DiscoveryError;
+use crate::params::parse_query;
+use crate::registry::Registry;
+use crate::render::{agent_json, render, timestamp};
+
+/// Shared state of the REST handlers.
+#[derive(Clone)]
+pub struct RestState {
+    /// The registry.
+    pub registry: Arc<Registry>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+/// The request id of a request: `x-request-id` when given, else generated.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// A fresh request id such as `req_3f9a0c2e7b1d4a58`.
+pub fn new_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
+}
+
+async fn request_id_layer(mut request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(new_request_id, str::to_owned);
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
+/// An error with the request id it answers.
+struct ApiError(DiscoveryError, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let ApiError(error, request_id) = self;
+        let status = error.http_status();
+        if status.is_server_error() {
+            tracing::error!(request_id, error = %error, "request failed");
+        } else {
+            tracing::debug!(request_id, error = %error, "request rejected");
+        }
+        (status, Json(error.body(&request_id))).into_response()
+    }
+}
+
+/// The REST routes.
+pub fn router(state: RestState) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/api/v1/discovery/capabilities", get(capabilities))
+        .route("/api/v1/agents", post(register))
+        .route("/api/v1/agents/{id}", get(get_agent).delete(deregister))
+        .route("/api/v1/agents/{id}/heartbeat", post(heartbeat))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(ready))
+        // Bodies are read as bytes so that the limit answers in the API's shape.
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+        .layer(middleware::from_fn(request_id_layer))
+}
+
+async fn capabilities(
+    State(state): State<RestState>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let started = Instant::now();
+    let metrics = state.registry.metrics();
+    let (query, format) = match parse_query(raw.as_deref().unwrap_or_default()) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            metrics.requests.with_label_values(&["json", "error"]).inc();
+            return ApiError(e, request_id).into_response();
+        }
+    };
+    let result = state
+        .registry
+        .query(&query, |page, now| {
+            let counts = (
+                page.agents.len(),
+                page.agents.iter().map(|a| a.reasoners.len()).sum::<usize>(),
+                page.agents.iter().map(|a| a.skills.len()).sum::<usize>(),
+            );
+            (render(format, page, &query, now), counts)
+        })
+        .await;
+    let elapsed = started.elapsed();
+    metrics.duration.with_label_values(&[format.as_str()]).observe(elapsed.as_secs_f64());
+    match result {
+        Ok(((body, (agents, reasoners, skills)), source)) => {
+            metrics.requests.with_label_values(&[format.as_str(), "success"]).inc();
+            tracing::info!(
+                request_id,
+                operation = "list_capabilities",
+                filters = raw.as_deref().unwrap_or_default(),
+                format = format.as_str(),
+                agents,
+                reasoners,
+                skills,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                cache_hit = source == Source::Hit,
+                "discovery request completed"
+            );
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(format.content_type()));
+            if source == Source::Stale {
+                headers.insert(
+                    "warning",
+                    HeaderValue::from_static("110 - \"catalog served from cache: database unreachable\""),
+                );
+            }
+            (StatusCode::OK, headers, body).into_response()
+        }
+        Err(e) => {
+            metrics.requests.with_label_values(&[format.as_str(), "error"]).inc();
+            ApiError(e, request_id).into_response()
+        }
+    }
+}
+
+/// Parses a JSON body into `T`, naming the path of the first problem.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DiscoveryError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        DiscoveryError::InvalidJson { message: format!("{path}: {}", e.inner()), path }
+    })
+}
+
+fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, DiscoveryError> {
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => DiscoveryError::PayloadTooLarge(limit),
+        _ => DiscoveryError::InvalidJson { message: rejection.body_text(), path: ".".into() },
+    })
+}
+
+async fn register(
+    State(state): State<RestState>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = body_or_error(body, state.max_body_bytes)?;
+        let definition: AgentDefinition = parse_body(&body)?;
+        state.registry.register(definition).await
+    }
+    .await;
+    match result {
+        Ok((record, created)) => {
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            let health =
+                state.registry.policy().derive(record.last_heartbeat, record.reported_status, chrono::Utc::now());
+            (status, Json(agent_json(&record, health))).into_response()
+        }
+        Err(e) => ApiError(e, request_id).into_response(),
+    }
+}
+
+async fn get_agent(
+    State(state): State<RestState>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.registry.get(&id).await {
+        Ok((record, health)) => Json(agent_json(&record, health)).into_response(),
+        Err(e) => ApiError(e, request_id).into_response(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBody {
+    #[serde(default)]
+    status: Option<ReportedStatus>,
+}
+
+async fn heartbeat(
+    State(state): State<RestState>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let body = body_or_error(body, state.max_body_bytes)?;
+        let parsed: HeartbeatBody =
+            if body.iter().all(u8::is_ascii_whitespace) { HeartbeatBody::default() } else { parse_body(&body)? };
+        state.registry.heartbeat(&id, parsed.status.unwrap_or_default()).await
+    }
+    .await;
+    match result {
+        Ok(record) => {
+            let policy = state.registry.policy();
+            let health = policy.derive(record.last_heartbeat, record.reported_status, chrono::Utc::now());
+            Json(json!({
+                "agent_id": id,
+                "health_status": health.as_str(),
+                "last_heartbeat": timestamp(record.last_heartbeat),
+                "heartbeat_interval_seconds": policy.heartbeat_interval.as_secs_f64(),
+            }))
+            .into_response()
+        }
+        Err(e) => ApiError(e, request_id).into_response(),
+    }
+}
+
+async fn deregister(
+    State(state): State<RestState>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.registry.deregister(&id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => ApiError(e, request_id).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<RestState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.registry.metrics().render()).into_response()
+}
+
+async fn ready(State(state): State<RestState>) -> Response {
+    if *state.registry.store_healthy().borrow() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "not_ready", "reason": "agent store unreachable"})))
+            .into_response()
+    }
+}
