@@ -8,8 +8,14 @@
 //! server that does not answer fails the test; elsewhere the test reports
 //! that it was skipped, loudly, and returns.
 
+mod proxy;
+mod service;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use proxy::TcpProxy;
+pub use service::{RunningService, init_tracing, spawn_discovery};
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};

@@ -1,0 +1,124 @@
+//! The store contract, run against both backends on real databases.
+
+use std::time::Duration;
+
+use agentmesh_core::{AgentDefinition, ReportedStatus};
+use agentmesh_store::{CatalogChange, connect};
+use agentmesh_testkit::{Backend, TestDatabase};
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+fn definition(id: &str, skills: &[&str]) -> AgentDefinition {
+    serde_json::from_value(json!({
+        "id": id,
+        "base_url": "http://127.0.0.1:9001",
+        "version": "1.0.0",
+        "tags": ["t1"],
+        "reasoners": [{"id": "plan", "description": "plans", "tags": ["r"], "examples": [{"input": {"q": 1}}]}],
+        "skills": skills.iter().map(|s| json!({
+            "id": s, "description": format!("does {s}"), "tags": ["s"],
+            "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+            "internal": *s == "internal_one",
+        })).collect::<Vec<_>>(),
+    }))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn at(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(1_700_000_000_000 + ms).unwrap_or_default()
+}
+
+async fn next_change(rx: &mut tokio::sync::broadcast::Receiver<CatalogChange>) -> CatalogChange {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no change notification within 5s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn contract(backend: Backend) {
+    let Some(db) = TestDatabase::new(backend).await else { return };
+    let store = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut changes = store.subscribe();
+
+    // Registration creates, then replaces; capabilities keep their order.
+    let first = store.register(&definition("b-agent", &["x", "y"]), at(0)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(first.created);
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "b-agent".into() });
+    store.register(&definition("a-agent", &["internal_one"]), at(1)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "a-agent".into() });
+    let replaced = store.register(&definition("b-agent", &["z"]), at(10)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!replaced.created);
+    assert_eq!(replaced.record.registered_at, at(0), "first registration time is kept");
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Updated { agent_id: "b-agent".into() });
+
+    let all = store.list().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(all.iter().map(|a| a.id()).collect::<Vec<_>>(), ["a-agent", "b-agent"]);
+    let b = &all[1];
+    assert_eq!(b.definition, definition("b-agent", &["z"]), "stored definition round-trips exactly");
+    assert_eq!(b.updated_at, at(10));
+    assert!(all[0].definition.skills[0].internal);
+
+    // Heartbeats move forward only and record the reported status.
+    let hb = store.heartbeat("b-agent", ReportedStatus::Degraded, at(20)).await.unwrap_or_else(|e| panic!("{e}"));
+    let hb = hb.unwrap_or_else(|| panic!("b-agent exists"));
+    assert_eq!((hb.last_heartbeat, hb.reported_status), (at(20), ReportedStatus::Degraded));
+    assert_eq!(
+        next_change(&mut changes).await,
+        CatalogChange::Heartbeat {
+            agent_id: "b-agent".into(),
+            status: ReportedStatus::Degraded,
+            at_ms: at(20).timestamp_millis()
+        }
+    );
+    let late = store.heartbeat("b-agent", ReportedStatus::Active, at(15)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(late.map(|r| r.last_heartbeat), Some(at(20)), "an older heartbeat does not move time back");
+    let _ = next_change(&mut changes).await;
+    assert!(
+        store.heartbeat("nobody", ReportedStatus::Active, at(30)).await.unwrap_or_else(|e| panic!("{e}")).is_none()
+    );
+
+    // Removal cascades to capabilities.
+    assert!(store.deregister("b-agent").await.unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Deregistered { agent_id: "b-agent".into() });
+    assert!(!store.deregister("b-agent").await.unwrap_or_else(|e| panic!("{e}")));
+    assert!(store.get("b-agent").await.unwrap_or_else(|e| panic!("{e}")).is_none());
+    store.register(&definition("b-agent", &[]), at(40)).await.unwrap_or_else(|e| panic!("{e}"));
+    let b = store.get("b-agent").await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("registered"));
+    assert!(b.definition.skills.is_empty(), "old capabilities did not survive removal");
+    assert_eq!(b.definition.reasoners.len(), 1);
+    store.ping().await.unwrap_or_else(|e| panic!("{e}"));
+
+    // Migrations are idempotent: a second connection to the same database works.
+    let again = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.list().await.unwrap_or_else(|e| panic!("{e}")).len(), 2);
+}
+
+#[tokio::test]
+async fn sqlite_store_contract() {
+    contract(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_store_contract() {
+    contract(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn postgres_notifications_reach_every_store_sharing_the_database() {
+    let Some(db) = TestDatabase::postgres().await else { return };
+    let writer = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let reader = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut changes = reader.subscribe();
+    writer.register(&definition("w", &["x"]), at(0)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "w".into() });
+    writer.heartbeat("w", ReportedStatus::Active, at(5)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(next_change(&mut changes).await, CatalogChange::Heartbeat { .. }));
+    writer.deregister("w").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(next_change(&mut changes).await, CatalogChange::Deregistered { agent_id: "w".into() });
+}
+
+#[tokio::test]
+async fn unsupported_urls_are_rejected_with_guidance() {
+    let err = connect("mysql://x").await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("sqlite://") && err.contains("postgres://"), "{err}");
+}
