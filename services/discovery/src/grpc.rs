@@ -1,5 +1,6 @@
 //! The gRPC DiscoveryService: thin handlers over the registry.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,6 +9,7 @@ use agentmesh_core::query::{DEFAULT_LIMIT, MAX_LIMIT};
 use agentmesh_core::{CapabilityQuery, HealthStatus, Pattern, ReportedStatus};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_server::DiscoveryService;
+use chrono::{DateTime, Utc};
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
@@ -247,8 +249,12 @@ impl DiscoveryService for DiscoveryGrpc {
         // Subscribe before reading the snapshot so that nothing falls between.
         let receiver = self.registry.subscribe();
         let mut initial = Vec::new();
+        // Version of each agent already sent, so that a notification of a
+        // change the snapshot already holds is not sent twice.
+        let mut sent: HashMap<String, DateTime<Utc>> = HashMap::new();
         if request.into_inner().include_snapshot {
             for (record, health) in self.registry.all().await? {
+                sent.insert(record.id().to_owned(), record.updated_at);
                 initial.push(Ok(pb::WatchCatalogResponse {
                     kind: pb::CatalogEventKind::Registered as i32,
                     agent_id: record.id().to_owned(),
@@ -259,7 +265,13 @@ impl DiscoveryService for DiscoveryGrpc {
             }
         }
         let registry = self.registry.clone();
-        let live = BroadcastStream::new(receiver).map(move |event| match event {
+        let live = BroadcastStream::new(receiver).filter(move |event| match event {
+            Ok(CatalogEvent { kind: EventKind::Registered | EventKind::Updated, agent: Some(agent), .. }) => {
+                sent.get(agent.id()).is_none_or(|at| agent.updated_at > *at)
+            }
+            _ => true,
+        });
+        let live = live.map(move |event| match event {
             Ok(event) => Ok(event_to_pb(&event, &registry)),
             Err(BroadcastStreamRecvError::Lagged(missed)) => Err(Status::aborted(format!(
                 "watcher fell {missed} events behind; reconnect with include_snapshot=true"
