@@ -19,6 +19,10 @@ use crate::{AgentStore, CatalogChange, Registered, StoreResult, from_ms};
 pub struct SqliteStore {
     pool: SqlitePool,
     changes: broadcast::Sender<CatalogChange>,
+    /// SQLite has one writer at a time: writers of this process queue here
+    /// instead of failing with SQLITE_BUSY, and take the write lock up front
+    /// (`BEGIN IMMEDIATE`) against other processes sharing the file.
+    write_lock: tokio::sync::Mutex<()>,
 }
 
 impl SqliteStore {
@@ -42,7 +46,7 @@ impl SqliteStore {
             .await?;
         migrate(&pool).await?;
         let (changes, _) = broadcast::channel(4096);
-        Ok(Self { pool, changes })
+        Ok(Self { pool, changes, write_lock: tokio::sync::Mutex::new(()) })
     }
 
     /// The connection pool (for other tables sharing the database).
@@ -78,7 +82,8 @@ async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
 impl AgentStore for SqliteStore {
     async fn register(&self, def: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered> {
         let now_ms = now.timestamp_millis();
-        let mut tx = self.pool.begin().await?;
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let existing: Option<i64> = sqlx::query_scalar("SELECT registered_at_ms FROM agentmesh_agents WHERE id = ?")
             .bind(&def.id)
             .fetch_optional(&mut *tx)
@@ -144,6 +149,7 @@ impl AgentStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> StoreResult<Option<AgentRecord>> {
         let at_ms = now.timestamp_millis();
+        let writer = self.write_lock.lock().await;
         let result = sqlx::query(
             "UPDATE agentmesh_agents SET last_heartbeat_ms = MAX(last_heartbeat_ms, ?1), reported_status = ?2 WHERE id = ?3",
         )
@@ -152,6 +158,7 @@ impl AgentStore for SqliteStore {
         .bind(agent_id)
         .execute(&self.pool)
         .await?;
+        drop(writer);
         if result.rows_affected() == 0 {
             return Ok(None);
         }
@@ -160,7 +167,8 @@ impl AgentStore for SqliteStore {
     }
 
     async fn deregister(&self, agent_id: &str) -> StoreResult<bool> {
-        let mut tx = self.pool.begin().await?;
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("DELETE FROM agentmesh_capabilities WHERE agent_id = ?").bind(agent_id).execute(&mut *tx).await?;
         let result = sqlx::query("DELETE FROM agentmesh_agents WHERE id = ?").bind(agent_id).execute(&mut *tx).await?;
         tx.commit().await?;

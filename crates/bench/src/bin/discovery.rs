@@ -1,0 +1,256 @@
+//! Discovery benchmark: throughput and latency percentiles of capability
+//! queries over loopback, gRPC and REST, for several catalog sizes and
+//! client counts, plus the server's memory. The server runs in a child
+//! process (this binary with `serve`), so its RSS is its own.
+//!
+//! `cargo run --release -p agentmesh-bench --bin discovery-bench`
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentmesh_bench::{Latencies, print_table, rss_mib};
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+#[derive(Parser)]
+struct Args {
+    /// Catalog sizes (agents of 10 capabilities each).
+    #[arg(long, value_delimiter = ',', default_value = "100,10000")]
+    agents: Vec<usize>,
+    /// Concurrent clients, each on its own connection.
+    #[arg(long, value_delimiter = ',', default_value = "64,1000")]
+    clients: Vec<usize>,
+    /// Measured seconds per scenario (after 0.5 s of warm-up).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Registry database (default: a fresh SQLite file per catalog size).
+    #[arg(long)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Internal: run discovery, print its port, stop when stdin closes.
+    Serve {
+        #[arg(long)]
+        database_url: String,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Protocol {
+    Grpc,
+    Rest,
+}
+
+#[derive(Clone, Copy)]
+enum Query {
+    /// The default page: 100 agents × 10 capabilities, no schemas.
+    Page,
+    /// A skill pattern and a tag: a few capabilities.
+    Filtered,
+}
+
+impl Query {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Page => "default page (≤100 agents, no schemas)",
+            Self::Filtered => "skill=skill_3&tags=tag-7",
+        }
+    }
+    fn rest(self) -> &'static str {
+        match self {
+            Self::Page => "",
+            Self::Filtered => "skill=skill_3&tags=tag-7",
+        }
+    }
+    fn grpc(self) -> pb::ListCapabilitiesRequest {
+        match self {
+            Self::Page => pb::ListCapabilitiesRequest::default(),
+            Self::Filtered => pb::ListCapabilitiesRequest {
+                skill: Some("skill_3".into()),
+                tags: vec!["tag-7".into()],
+                ..Default::default()
+            },
+        }
+    }
+}
+
+fn agent(i: usize) -> serde_json::Value {
+    let cap = |kind: &str, j: usize| {
+        json!({
+            "id": format!("{kind}_{j}"),
+            "description": format!("{kind} number {j} of agent {i}: does something useful with its input"),
+            "tags": [format!("tag-{}", i % 50), format!("kind-{j}")],
+            "input_schema": {"type": "object", "properties": {"query": {"type": "string"}, "n": {"type": "integer"}}, "required": ["query"]},
+        })
+    };
+    json!({
+        "id": format!("agent-{i:05}"),
+        "base_url": format!("http://10.0.{}.{}:8080", i / 250, i % 250),
+        "version": "1.0.0",
+        "tags": ["bench"],
+        "reasoners": (0..5).map(|j| cap("reason", j)).collect::<Vec<_>>(),
+        "skills": (0..5).map(|j| cap("skill", j)).collect::<Vec<_>>(),
+    })
+}
+
+async fn serve_child(database_url: String) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("PORT {}", listener.local_addr()?.port());
+    let config = agentmesh_discovery::DiscoveryConfig { database_url, ..Default::default() };
+    agentmesh_discovery::serve_with_listener(config, listener, async {
+        let mut sink = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+    })
+    .await
+}
+
+async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (client, next, base) = (client.clone(), next.clone(), base.to_owned());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let r = client.post(format!("{base}/api/v1/agents")).json(&agent(i)).send().await?;
+                anyhow::ensure!(r.status().is_success(), "registration failed: {}", r.status());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn run_load(
+    base: &str,
+    protocol: Protocol,
+    query: Query,
+    clients: usize,
+    seconds: f64,
+) -> anyhow::Result<(Latencies, f64)> {
+    let start = Instant::now() + Duration::from_millis(500);
+    let end = start + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let base = base.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Latencies::default();
+            match protocol {
+                Protocol::Grpc => {
+                    let mut client = DiscoveryServiceClient::connect(base).await?.max_decoding_message_size(64 << 20);
+                    while Instant::now() < end {
+                        let t0 = Instant::now();
+                        let ok = client.list_capabilities(query.grpc()).await.is_ok();
+                        if t0 >= start {
+                            if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
+                        }
+                    }
+                }
+                Protocol::Rest => {
+                    let client = reqwest::Client::builder().pool_max_idle_per_host(1).http1_only().build()?;
+                    let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
+                    while Instant::now() < end {
+                        let t0 = Instant::now();
+                        let ok = match client.get(&url).send().await {
+                            Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
+                            _ => false,
+                        };
+                        if t0 >= start {
+                            if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
+                        }
+                    }
+                }
+            }
+            Ok::<Latencies, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Latencies::default();
+    for t in tasks {
+        all.merge(t.await??);
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rps = all.count() as f64 / seconds;
+    Ok((all, rps))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(Command::Serve { database_url }) = args.command {
+        tracing_subscriber::fmt().with_env_filter("warn").with_writer(std::io::stderr).init();
+        return serve_child(database_url).await;
+    }
+    let exe = std::env::current_exe()?;
+    let mut rows = Vec::new();
+    let mut memory = Vec::new();
+    for &n in &args.agents {
+        let db_path = std::env::temp_dir().join(format!("agentmesh-bench-{}-{n}.db", std::process::id()));
+        let database_url = args.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", db_path.display()));
+        let mut child = tokio::process::Command::new(&exe)
+            .args(["serve", "--database-url", &database_url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the discovery child")?;
+        let pid = child.id().context("child pid")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).await?;
+        let port: u16 = line.trim().strip_prefix("PORT ").context("child did not print its port")?.parse()?;
+        let base = format!("http://127.0.0.1:{port}");
+        let loaded = Instant::now();
+        register_all(&base, n).await?;
+        eprintln!("registered {n} agents in {:.1}s", loaded.elapsed().as_secs_f64());
+        reqwest::get(format!("{base}/api/v1/discovery/capabilities")).await?.error_for_status()?;
+        let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
+        for protocol in [Protocol::Grpc, Protocol::Rest] {
+            for &clients in &args.clients {
+                for query in [Query::Page, Query::Filtered] {
+                    let (mut lat, rps) = run_load(&base, protocol, query, clients, args.seconds).await?;
+                    let row = vec![
+                        n.to_string(),
+                        if protocol == Protocol::Grpc { "gRPC".into() } else { "REST".into() },
+                        query.name().into(),
+                        clients.to_string(),
+                        format!("{rps:.0}"),
+                        format!("{:.2}", lat.percentile_ms(50.0)),
+                        format!("{:.2}", lat.percentile_ms(95.0)),
+                        format!("{:.2}", lat.percentile_ms(99.0)),
+                        lat.errors.to_string(),
+                    ];
+                    eprintln!("{}", row.join(" | "));
+                    rows.push(row);
+                }
+            }
+        }
+        let (rss_end, rss_peak) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
+        memory.push(vec![n.to_string(), format!("{rss_loaded:.1}"), format!("{rss_end:.1}"), format!("{rss_peak:.1}")]);
+        drop(child.stdin.take());
+        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        let _ = child.kill().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", db_path.display()));
+        }
+    }
+    println!();
+    print_table(&["agents", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors"], &rows);
+    println!();
+    print_table(&["agents", "server RSS after load (MiB)", "RSS after benchmark (MiB)", "peak RSS (MiB)"], &memory);
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! Shared pieces of the bench binaries: latency statistics, process memory,
+//! and a table printer.
+
+use std::time::Duration;
+
+/// Latencies of one scenario.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    micros: Vec<u32>,
+    /// Requests that failed.
+    pub errors: u64,
+}
+
+impl Latencies {
+    /// Records one successful request.
+    pub fn record(&mut self, took: Duration) {
+        self.micros.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+    }
+
+    /// Merges another set in.
+    pub fn merge(&mut self, other: Latencies) {
+        self.micros.extend(other.micros);
+        self.errors += other.errors;
+    }
+
+    /// Successful requests.
+    pub fn count(&self) -> usize {
+        self.micros.len()
+    }
+
+    /// The `p`-th percentile (0–100) in milliseconds.
+    pub fn percentile_ms(&mut self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return f64::NAN;
+        }
+        self.micros.sort_unstable();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        let rank = ((p / 100.0) * (self.micros.len() - 1) as f64).round() as usize;
+        f64::from(self.micros[rank.min(self.micros.len() - 1)]) / 1000.0
+    }
+}
+
+/// Resident and peak resident memory of a process, in MiB, from /proc.
+pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Prints a Markdown table.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    println!("| {} |", headers.join(" | "));
+    println!("|{}|", headers.iter().map(|h| "-".repeat(h.len() + 2)).collect::<Vec<_>>().join("|"));
+    for row in rows {
+        println!("| {} |", row.join(" | "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let mut l = Latencies::default();
+        for ms in 1..=100 {
+            l.record(Duration::from_millis(ms));
+        }
+        assert_eq!(l.percentile_ms(50.0), 51.0);
+        assert_eq!(l.percentile_ms(99.0), 99.0);
+        assert_eq!(l.percentile_ms(0.0), 1.0);
+        assert_eq!(l.count(), 100);
+    }
+}
