@@ -31,8 +31,11 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
         anyhow::ensure!(file.exists(), "config file {} does not exist", file.display());
         figment = figment.merge(Toml::file(file));
     }
-    figment =
-        figment.merge(Env::prefixed("AGENTMESH_").filter(|key| key.as_str().starts_with("discovery__")).split("__"));
+    figment = figment.merge(
+        Env::prefixed("AGENTMESH_")
+            .filter(|key| key.as_str().to_ascii_lowercase().starts_with("discovery__"))
+            .split("__"),
+    );
     for (key, value) in overrides {
         figment = figment.merge(Serialized::default(key, value.clone()));
     }

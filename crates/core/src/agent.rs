@@ -1,8 +1,11 @@
 //! Agents and their capabilities, as registered and as stored.
 
+use std::fmt;
+
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::health::ReportedStatus;
 
@@ -68,6 +71,76 @@ impl CapabilityKind {
     }
 }
 
+/// A JSON document (a schema, an example) kept as compact text: a tenth of
+/// the memory of a parsed `Value`, and written out verbatim when rendered.
+#[derive(Clone)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    /// From a parsed value.
+    pub fn from_value(value: &Value) -> Self {
+        match serde_json::value::to_raw_value(value) {
+            Ok(raw) => Self(raw),
+            Err(_) => Self::null(),
+        }
+    }
+
+    /// From JSON text, kept as given.
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str::<Box<RawValue>>(text).map(Self)
+    }
+
+    fn null() -> Self {
+        Self(serde_json::from_str("null").unwrap_or_else(|_| unreachable!("null is JSON")))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Parses the text into a value.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+
+    /// True when the document is a JSON object.
+    pub fn is_object(&self) -> bool {
+        self.0.get().trim_start().starts_with('{')
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get() || self.to_value() == other.to_value()
+    }
+}
+
+impl fmt::Debug for RawJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Through a Value, so that any deserializer works and the text is compact.
+        Value::deserialize(deserializer).map(|v| Self::from_value(&v))
+    }
+}
+
+impl From<Value> for RawJson {
+    fn from(value: Value) -> Self {
+        Self::from_value(&value)
+    }
+}
+
 /// One reasoner or skill of an agent. Its kind is given by the list it sits in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,13 +155,13 @@ pub struct Capability {
     pub tags: Vec<String>,
     /// JSON Schema of the input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_schema: Option<Value>,
+    pub input_schema: Option<RawJson>,
     /// JSON Schema of the output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_schema: Option<Value>,
+    pub output_schema: Option<RawJson>,
     /// Usage examples (JSON objects).
     #[serde(default)]
-    pub examples: Vec<Value>,
+    pub examples: Vec<RawJson>,
     /// HTTP path that invokes it; empty means the default for its kind.
     #[serde(default)]
     pub endpoint: String,

@@ -10,7 +10,7 @@ pub mod schema;
 pub mod target;
 pub mod validate;
 
-pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, Transport};
+pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, Transport};
 pub use health::{HealthPolicy, HealthStatus, ReportedStatus};
 pub use pattern::Pattern;
 pub use query::{CapabilityQuery, CatalogPage, MatchedAgent};

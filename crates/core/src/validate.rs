@@ -126,7 +126,7 @@ fn check_capability(field: &str, cap: &Capability, errors: &mut Vec<FieldError>)
     check_tags(&format!("{field}.tags"), &cap.tags, errors);
     for (name, schema) in [("input_schema", &cap.input_schema), ("output_schema", &cap.output_schema)] {
         if let Some(schema) = schema
-            && let Err(e) = check_schema(schema)
+            && let Err(e) = check_schema(&schema.to_value())
         {
             errors.push(FieldError::new(format!("{field}.{name}"), e));
         }

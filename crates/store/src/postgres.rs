@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
-use crate::rows::{CAPABILITY_COLUMNS, capability_rows, decode_agents, select_agents, to_json};
+use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
 use crate::{AgentStore, CatalogChange, NOTIFY_CHANNEL, Registered, StoreResult};
 
 /// Agent registry on PostgreSQL.
@@ -212,8 +212,8 @@ impl AgentStore for PostgresStore {
     }
 
     async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
-        let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch_all(&self.pool).await?;
-        decode_agents(&rows)
+        let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
+        collect_agents(rows).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -2,7 +2,7 @@
 //! shared by both backends.
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, ReportedStatus, Transport,
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, ReportedStatus, Transport,
 };
 use serde::de::DeserializeOwned;
 use sqlx::{ColumnIndex, Decode, Row, Type};
@@ -46,6 +46,12 @@ pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
+fn raw_list(text: &str) -> StoreResult<Vec<RawJson>> {
+    let items: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("examples: {e}")))?;
+    items.into_iter().map(|raw| RawJson::parse(raw.get()).map_err(|e| StoreError::Corrupt(e.to_string()))).collect()
+}
+
 fn transport(value: &str) -> StoreResult<Transport> {
     match value {
         "http" => Ok(Transport::Http),
@@ -72,8 +78,44 @@ where
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let mut agents: Vec<AgentRecord> = Vec::new();
+    let mut agents = Vec::new();
     for row in rows {
+        push_row(&mut agents, row)?;
+    }
+    Ok(agents)
+}
+
+/// Streams joined rows into agents, one row in memory at a time.
+pub(crate) async fn collect_agents<'e, R, S>(mut rows: S) -> StoreResult<Vec<AgentRecord>>
+where
+    S: futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin + 'e,
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    use futures_util::TryStreamExt;
+    let mut agents = Vec::new();
+    while let Some(row) = rows.try_next().await? {
+        push_row(&mut agents, &row)?;
+    }
+    agents.shrink_to_fit();
+    Ok(agents)
+}
+
+/// Adds one joined row: a new agent, or a capability of the last one.
+fn push_row<R>(agents: &mut Vec<AgentRecord>, row: &R) -> StoreResult<()>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    {
         let id: String = get(row, "id")?;
         if agents.last().is_none_or(|a| a.definition.id != id) {
             let status: String = get(row, "reported_status")?;
@@ -96,11 +138,13 @@ where
             });
         }
         let Some(cap_id) = get::<R, Option<String>>(row, "cap_id")? else {
-            continue;
+            return Ok(());
         };
         let kind: String = get::<R, Option<String>>(row, "cap_kind")?.unwrap_or_default();
-        let schema = |column| -> StoreResult<Option<serde_json::Value>> {
-            get::<R, Option<String>>(row, column)?.map(|text| json(&text, column)).transpose()
+        let schema = |column| -> StoreResult<Option<RawJson>> {
+            get::<R, Option<String>>(row, column)?
+                .map(|text| RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}"))))
+                .transpose()
         };
         let capability = Capability {
             id: cap_id,
@@ -108,7 +152,7 @@ where
             tags: json(&get::<R, Option<String>>(row, "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
             input_schema: schema("cap_input_schema")?,
             output_schema: schema("cap_output_schema")?,
-            examples: json(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()), "examples")?,
+            examples: raw_list(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
             endpoint: get::<R, Option<String>>(row, "cap_endpoint")?.unwrap_or_default(),
             internal: get::<R, Option<bool>>(row, "cap_internal")?.unwrap_or(false),
         };
@@ -120,7 +164,7 @@ where
             }
         }
     }
-    Ok(agents)
+    Ok(())
 }
 
 /// Capabilities of a definition with their kind and global position.

@@ -12,7 +12,7 @@ use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::broadcast;
 
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
-use crate::rows::{CAPABILITY_COLUMNS, capability_rows, decode_agents, select_agents, to_json};
+use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
 use crate::{AgentStore, CatalogChange, Registered, StoreResult, from_ms};
 
 /// Agent registry in a SQLite file (or in memory).
@@ -188,8 +188,8 @@ impl AgentStore for SqliteStore {
     }
 
     async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
-        let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch_all(&self.pool).await?;
-        decode_agents(&rows)
+        let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
+        collect_agents(rows).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

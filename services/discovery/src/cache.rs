@@ -1,11 +1,13 @@
-//! A read-through snapshot of every agent. Any write on any replica
-//! invalidates it at once (heartbeats patch it in place instead, so they do
-//! not force reloads); concurrent misses share one database query; when the
-//! database is unreachable the last snapshot keeps being served.
+//! A read-through snapshot of every agent, kept current by the writes of
+//! every replica: a registration or removal replaces the one agent in a new
+//! copy of the snapshot, a heartbeat updates it in place, and a full reload
+//! happens only at start, after the TTL, or when notifications may have been
+//! missed. Concurrent misses share one database query; when the database is
+//! unreachable the last snapshot keeps being served.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use agentmesh_core::{AgentRecord, HealthPolicy, HealthStatus, ReportedStatus};
@@ -17,17 +19,38 @@ use crate::metrics::Metrics;
 /// How long a failed load is remembered before the database is tried again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
-/// Heartbeat state that changes without reloading the snapshot.
+/// Heartbeat state that changes without copying the snapshot.
 #[derive(Debug)]
 struct Liveness {
     last_heartbeat_ms: AtomicI64,
     degraded: AtomicBool,
 }
 
+impl Liveness {
+    fn new(at_ms: i64, status: ReportedStatus) -> Self {
+        Self { last_heartbeat_ms: AtomicI64::new(at_ms), degraded: AtomicBool::new(status == ReportedStatus::Degraded) }
+    }
+
+    fn copy(&self) -> Self {
+        Self {
+            last_heartbeat_ms: AtomicI64::new(self.last_heartbeat_ms.load(Ordering::Relaxed)),
+            degraded: AtomicBool::new(self.degraded.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A change to apply to a snapshot.
+#[derive(Debug, Clone)]
+enum Patch {
+    Upsert(Arc<AgentRecord>),
+    Remove(String),
+    Heartbeat { agent_id: String, status: ReportedStatus, at_ms: i64 },
+}
+
 /// An immutable list of agents (ordered by id) with a mutable liveness overlay.
 #[derive(Debug)]
 pub struct Snapshot {
-    agents: Vec<AgentRecord>,
+    agents: Vec<Arc<AgentRecord>>,
     index: HashMap<String, usize>,
     liveness: Vec<Liveness>,
     generation: u64,
@@ -37,18 +60,22 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(mut agents: Vec<AgentRecord>, generation: u64) -> Self {
-        agents.sort_by(|a, b| a.id().cmp(b.id()));
+    fn new(
+        mut agents: Vec<Arc<AgentRecord>>,
+        liveness: Option<Vec<Liveness>>,
+        generation: u64,
+        loaded_at: Instant,
+    ) -> Self {
+        let liveness = match liveness {
+            Some(l) => l,
+            None => {
+                agents.sort_by(|a, b| a.id().cmp(b.id()));
+                agents.iter().map(|a| Liveness::new(a.last_heartbeat.timestamp_millis(), a.reported_status)).collect()
+            }
+        };
         let index = agents.iter().enumerate().map(|(i, a)| (a.id().to_owned(), i)).collect();
-        let liveness = agents
-            .iter()
-            .map(|a| Liveness {
-                last_heartbeat_ms: AtomicI64::new(a.last_heartbeat.timestamp_millis()),
-                degraded: AtomicBool::new(a.reported_status == ReportedStatus::Degraded),
-            })
-            .collect();
-        let size_bytes = agents.iter().map(approximate_size).sum();
-        Self { agents, index, liveness, generation, loaded_at: Instant::now(), size_bytes }
+        let size_bytes = agents.iter().map(|a| approximate_size(a)).sum();
+        Self { agents, index, liveness, generation, loaded_at, size_bytes }
     }
 
     /// Number of agents.
@@ -61,7 +88,6 @@ impl Snapshot {
         self.agents.is_empty()
     }
 
-    /// Last heartbeat and reported status of the agent at `i`.
     fn live(&self, i: usize) -> (DateTime<Utc>, ReportedStatus) {
         let l = &self.liveness[i];
         let at = DateTime::from_timestamp_millis(l.last_heartbeat_ms.load(Ordering::Relaxed)).unwrap_or_default();
@@ -77,22 +103,22 @@ impl Snapshot {
     ) -> impl Iterator<Item = (&AgentRecord, HealthStatus, DateTime<Utc>)> {
         self.agents.iter().enumerate().map(move |(i, record)| {
             let (at, reported) = self.live(i);
-            (record, policy.derive(at, reported, now), at)
+            (record.as_ref(), policy.derive(at, reported, now), at)
         })
     }
 
-    /// One agent with its liveness applied, health at `now`.
+    /// One agent with its liveness applied, and its health at `now`.
     pub fn get(&self, id: &str, policy: HealthPolicy, now: DateTime<Utc>) -> Option<(AgentRecord, HealthStatus)> {
         let i = *self.index.get(id)?;
         let (at, reported) = self.live(i);
-        let mut record = self.agents[i].clone();
+        let mut record = self.agents[i].as_ref().clone();
         record.last_heartbeat = at;
         record.reported_status = reported;
         Some((record, policy.derive(at, reported, now)))
     }
 
-    /// Applies a heartbeat; false when the agent is not in this snapshot.
-    fn apply_heartbeat(&self, id: &str, status: ReportedStatus, at_ms: i64) -> bool {
+    /// Applies a heartbeat in place; false when the agent is not here.
+    fn beat(&self, id: &str, status: ReportedStatus, at_ms: i64) -> bool {
         let Some(&i) = self.index.get(id) else {
             return false;
         };
@@ -100,6 +126,35 @@ impl Snapshot {
         l.last_heartbeat_ms.fetch_max(at_ms, Ordering::Relaxed);
         l.degraded.store(status == ReportedStatus::Degraded, Ordering::Relaxed);
         true
+    }
+
+    /// A copy with an agent added, replaced or removed. A replacement older
+    /// than what is held is ignored.
+    fn patched(&self, patch: &Patch, generation: u64) -> Option<Self> {
+        let mut agents = self.agents.clone();
+        let mut liveness: Vec<Liveness> = self.liveness.iter().map(Liveness::copy).collect();
+        match patch {
+            Patch::Upsert(record) => match self.index.get(record.id()) {
+                Some(&i) if self.agents[i].updated_at > record.updated_at => return None,
+                Some(&i) => {
+                    agents[i] = record.clone();
+                    liveness[i] = Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status);
+                }
+                None => {
+                    let at = agents.partition_point(|a| a.id() < record.id());
+                    agents.insert(at, record.clone());
+                    liveness
+                        .insert(at, Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status));
+                }
+            },
+            Patch::Remove(id) => {
+                let i = *self.index.get(id)?;
+                agents.remove(i);
+                liveness.remove(i);
+            }
+            Patch::Heartbeat { .. } => return None,
+        }
+        Some(Self::new(agents, Some(liveness), generation, self.loaded_at))
     }
 }
 
@@ -111,17 +166,22 @@ fn approximate_size(a: &AgentRecord) -> usize {
             c.id.len()
                 + c.description.len()
                 + c.endpoint.len()
-                + c.tags.iter().map(String::len).sum::<usize>()
+                + c.tags.iter().map(|t| t.len() + 24).sum::<usize>()
                 + [&c.input_schema, &c.output_schema]
                     .iter()
                     .filter_map(|s| s.as_ref())
-                    .map(|s| s.to_string().len())
+                    .map(|s| s.get().len())
                     .sum::<usize>()
-                + c.examples.iter().map(|e| e.to_string().len()).sum::<usize>()
-                + 128
+                + c.examples.iter().map(|e| e.get().len()).sum::<usize>()
+                + 200
         })
         .sum();
-    def.id.len() + def.base_url.len() + def.version.len() + def.tags.iter().map(String::len).sum::<usize>() + caps + 256
+    def.id.len()
+        + def.base_url.len()
+        + def.version.len()
+        + def.tags.iter().map(|t| t.len() + 24).sum::<usize>()
+        + caps
+        + 300
 }
 
 /// Where a snapshot came from.
@@ -140,8 +200,11 @@ pub struct CatalogCache {
     store: Arc<dyn AgentStore>,
     ttl: Duration,
     current: RwLock<Option<Arc<Snapshot>>>,
+    /// Bumped when the snapshot can no longer be trusted (missed notifications).
     generation: AtomicU64,
     load_lock: tokio::sync::Mutex<()>,
+    /// Patches seen while a load is running, replayed onto its result.
+    pending: Mutex<Option<Vec<Patch>>>,
     failed_at: RwLock<Option<Instant>>,
     metrics: Arc<Metrics>,
 }
@@ -155,6 +218,7 @@ impl CatalogCache {
             current: RwLock::new(None),
             generation: AtomicU64::new(0),
             load_lock: tokio::sync::Mutex::new(()),
+            pending: Mutex::new(None),
             failed_at: RwLock::new(None),
             metrics,
         }
@@ -173,6 +237,12 @@ impl CatalogCache {
 
     fn recently_failed(&self) -> bool {
         self.failed_at.read().ok().and_then(|f| *f).is_some_and(|at| at.elapsed() < RETRY_AFTER_FAILURE)
+    }
+
+    fn set_failed(&self, failed: bool) {
+        if let Ok(mut at) = self.failed_at.write() {
+            *at = failed.then(Instant::now);
+        }
     }
 
     /// The current snapshot, loading it when missing, expired or invalidated.
@@ -195,23 +265,36 @@ impl CatalogCache {
         }
         self.metrics.cache_misses.inc();
         let generation = self.generation.load(Ordering::Acquire);
-        match self.store.list().await {
+        if let Ok(mut pending) = self.pending.lock() {
+            *pending = Some(Vec::new());
+        }
+        let loaded = self.store.list().await;
+        let patches = self.pending.lock().ok().and_then(|mut p| p.take()).unwrap_or_default();
+        match loaded {
             Ok(agents) => {
-                let snapshot = Arc::new(Snapshot::new(agents, generation));
-                self.metrics.cache_size_bytes.set(i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX));
-                self.metrics.cache_agents.set(i64::try_from(snapshot.len()).unwrap_or(i64::MAX));
-                if let Ok(mut current) = self.current.write() {
-                    *current = Some(snapshot.clone());
+                let mut snapshot =
+                    Snapshot::new(agents.into_iter().map(Arc::new).collect(), None, generation, Instant::now());
+                // Writes noticed during the load may or may not be in it:
+                // replaying them is harmless (older replacements are ignored).
+                for patch in &patches {
+                    match patch {
+                        Patch::Heartbeat { agent_id, status, at_ms } => {
+                            snapshot.beat(agent_id, *status, *at_ms);
+                        }
+                        other => {
+                            if let Some(next) = snapshot.patched(other, generation) {
+                                snapshot = next;
+                            }
+                        }
+                    }
                 }
-                if let Ok(mut failed) = self.failed_at.write() {
-                    *failed = None;
-                }
+                let snapshot = Arc::new(snapshot);
+                self.publish(snapshot.clone());
+                self.set_failed(false);
                 Ok((snapshot, Source::Miss))
             }
             Err(e) => {
-                if let Ok(mut failed) = self.failed_at.write() {
-                    *failed = Some(Instant::now());
-                }
+                self.set_failed(true);
                 match self.current() {
                     Some(s) => {
                         tracing::warn!(error = %e, agents = s.len(), "database unreachable; serving the last catalog snapshot");
@@ -224,22 +307,65 @@ impl CatalogCache {
         }
     }
 
+    fn publish(&self, snapshot: Arc<Snapshot>) {
+        self.metrics.cache_size_bytes.set(i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX));
+        self.metrics.cache_agents.set(i64::try_from(snapshot.len()).unwrap_or(i64::MAX));
+        if let Ok(mut current) = self.current.write() {
+            *current = Some(snapshot);
+        }
+    }
+
     /// The snapshot in memory, without loading (may be stale or absent).
     pub fn peek(&self) -> Option<Arc<Snapshot>> {
         self.current()
     }
 
-    /// Forgets the snapshot: the next read reloads it.
+    /// Distrusts the snapshot: the next read reloads it.
     pub fn invalidate(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Patches a heartbeat into the snapshot, or invalidates it when the
-    /// agent is not there.
-    pub fn apply_heartbeat(&self, agent_id: &str, status: ReportedStatus, at_ms: i64) {
-        let applied = self.current().is_some_and(|s| s.apply_heartbeat(agent_id, status, at_ms));
-        if !applied {
-            self.invalidate();
+    fn patch(&self, patch: Patch) {
+        if let Ok(mut pending) = self.pending.lock()
+            && let Some(pending) = pending.as_mut()
+        {
+            pending.push(patch.clone());
         }
+        let Ok(mut current) = self.current.write() else {
+            return;
+        };
+        let Some(snapshot) = current.as_ref() else {
+            return;
+        };
+        match &patch {
+            Patch::Heartbeat { agent_id, status, at_ms } => {
+                if !snapshot.beat(agent_id, *status, *at_ms) {
+                    // Not here yet: its registration will bring it.
+                    tracing::debug!(agent_id, "heartbeat for an agent not in the snapshot");
+                }
+            }
+            other => {
+                if let Some(next) = snapshot.patched(other, snapshot.generation) {
+                    self.metrics.cache_size_bytes.set(i64::try_from(next.size_bytes).unwrap_or(i64::MAX));
+                    self.metrics.cache_agents.set(i64::try_from(next.len()).unwrap_or(i64::MAX));
+                    *current = Some(Arc::new(next));
+                }
+            }
+        }
+    }
+
+    /// Puts a registered or updated agent into the snapshot.
+    pub fn upsert(&self, record: AgentRecord) {
+        self.patch(Patch::Upsert(Arc::new(record)));
+    }
+
+    /// Takes a removed agent out of the snapshot.
+    pub fn remove(&self, agent_id: &str) {
+        self.patch(Patch::Remove(agent_id.to_owned()));
+    }
+
+    /// Applies a heartbeat to the snapshot.
+    pub fn heartbeat(&self, agent_id: &str, status: ReportedStatus, at_ms: i64) {
+        self.patch(Patch::Heartbeat { agent_id: agent_id.to_owned(), status, at_ms });
     }
 }

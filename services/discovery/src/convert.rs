@@ -1,7 +1,8 @@
 //! Conversions between protobuf messages and the domain model, in one place.
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, InvocationTarget, Transport,
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, InvocationTarget, RawJson,
+    Transport,
 };
 use agentmesh_proto::v1 as pb;
 use chrono::{DateTime, Utc};
@@ -91,6 +92,10 @@ impl Detail {
     pub const FULL: Self = Self { descriptions: true, input_schema: true, output_schema: true, examples: true };
 }
 
+fn raw_to_struct(raw: Option<&RawJson>) -> Option<prost_types::Struct> {
+    raw.and_then(|r| json_to_struct(&r.to_value()))
+}
+
 /// A capability to protobuf.
 pub fn capability_to_pb(agent: &str, kind: CapabilityKind, c: &Capability, detail: Detail) -> pb::Capability {
     pb::Capability {
@@ -101,9 +106,13 @@ pub fn capability_to_pb(agent: &str, kind: CapabilityKind, c: &Capability, detai
         } as i32,
         description: if detail.descriptions { c.description.clone() } else { String::new() },
         tags: c.tags.clone(),
-        input_schema: if detail.input_schema { c.input_schema.as_ref().and_then(json_to_struct) } else { None },
-        output_schema: if detail.output_schema { c.output_schema.as_ref().and_then(json_to_struct) } else { None },
-        examples: if detail.examples { c.examples.iter().filter_map(json_to_struct).collect() } else { Vec::new() },
+        input_schema: if detail.input_schema { raw_to_struct(c.input_schema.as_ref()) } else { None },
+        output_schema: if detail.output_schema { raw_to_struct(c.output_schema.as_ref()) } else { None },
+        examples: if detail.examples {
+            c.examples.iter().filter_map(|e| raw_to_struct(Some(e))).collect()
+        } else {
+            Vec::new()
+        },
         endpoint: c.endpoint_or_default(kind),
         internal: c.internal,
         invocation_target: InvocationTarget::new(agent, kind, c.id.as_str()).to_string(),
@@ -224,9 +233,9 @@ fn capability_from_pb(c: &pb::Capability) -> Capability {
         id: c.id.clone(),
         description: c.description.clone(),
         tags: c.tags.clone(),
-        input_schema: c.input_schema.as_ref().map(struct_to_json),
-        output_schema: c.output_schema.as_ref().map(struct_to_json),
-        examples: c.examples.iter().map(struct_to_json).collect(),
+        input_schema: c.input_schema.as_ref().map(|s| RawJson::from_value(&struct_to_json(s))),
+        output_schema: c.output_schema.as_ref().map(|s| RawJson::from_value(&struct_to_json(s))),
+        examples: c.examples.iter().map(|s| RawJson::from_value(&struct_to_json(s))).collect(),
         endpoint: c.endpoint.clone(),
         internal: c.internal,
     }

@@ -96,7 +96,7 @@ impl Registry {
         let result = self.store.register(&definition, Utc::now()).await;
         self.count("register", result.is_ok());
         let registered = result?;
-        self.cache.invalidate();
+        self.cache.upsert(registered.record.clone());
         tracing::info!(operation = "register", agent_id = %definition.id, created = registered.created,
             capabilities = definition.reasoners.len() + definition.skills.len(), "agent registered");
         Ok((registered.record, registered.created))
@@ -108,7 +108,7 @@ impl Registry {
         let result = self.store.heartbeat(agent_id, status, now).await;
         self.count("heartbeat", result.is_ok());
         let record = result?.ok_or_else(|| DiscoveryError::NotFound(agent_id.to_owned()))?;
-        self.cache.apply_heartbeat(agent_id, status, now.timestamp_millis());
+        self.cache.heartbeat(agent_id, status, now.timestamp_millis());
         tracing::debug!(operation = "heartbeat", agent_id, status = status.as_str(), "heartbeat");
         Ok(record)
     }
@@ -120,7 +120,7 @@ impl Registry {
         if !result? {
             return Err(DiscoveryError::NotFound(agent_id.to_owned()));
         }
-        self.cache.invalidate();
+        self.cache.remove(agent_id);
         tracing::info!(operation = "deregister", agent_id, "agent deregistered");
         Ok(())
     }
@@ -229,12 +229,20 @@ impl Registry {
     async fn apply_change(&self, change: CatalogChange, known: &mut HashMap<String, HealthStatus>) {
         match change {
             CatalogChange::Registered { agent_id } | CatalogChange::Updated { agent_id } => {
-                self.cache.invalidate();
                 let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
                 let agent = match self.store.get(&agent_id).await {
-                    Ok(agent) => agent,
+                    Ok(Some(agent)) => {
+                        self.cache.upsert(agent.clone());
+                        Some(agent)
+                    }
+                    Ok(None) => {
+                        // Removed again since: its removal notification follows.
+                        self.cache.remove(&agent_id);
+                        None
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, agent_id, "could not read a changed agent for watchers");
+                        tracing::warn!(error = %e, agent_id, "could not read a changed agent; reloading the catalog");
+                        self.cache.invalidate();
                         None
                     }
                 };
@@ -246,7 +254,7 @@ impl Registry {
                 self.emit(kind, &agent_id, agent, health);
             }
             CatalogChange::Heartbeat { agent_id, status, at_ms } => {
-                self.cache.apply_heartbeat(&agent_id, status, at_ms);
+                self.cache.heartbeat(&agent_id, status, at_ms);
                 let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_default();
                 let health = self.policy.derive(at, status, Utc::now());
                 if known.insert(agent_id.clone(), health).is_some_and(|before| before != health) {
@@ -256,7 +264,7 @@ impl Registry {
                 }
             }
             CatalogChange::Deregistered { agent_id } => {
-                self.cache.invalidate();
+                self.cache.remove(&agent_id);
                 known.remove(&agent_id);
                 self.emit(EventKind::Deregistered, &agent_id, None, None);
             }

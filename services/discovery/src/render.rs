@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use agentmesh_core::{
-    AgentRecord, Capability, CapabilityKind, CapabilityQuery, CatalogPage, HealthStatus, InvocationTarget,
+    AgentRecord, Capability, CapabilityKind, CapabilityQuery, CatalogPage, HealthStatus, InvocationTarget, RawJson,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -99,11 +99,11 @@ struct JsonCapability<'a> {
     description: Option<&'a str>,
     tags: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
-    input_schema: Option<&'a Value>,
+    input_schema: Option<&'a RawJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    output_schema: Option<&'a Value>,
+    output_schema: Option<&'a RawJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    examples: Option<&'a [Value]>,
+    examples: Option<&'a [RawJson]>,
     invocation_target: String,
 }
 
@@ -264,17 +264,17 @@ fn xml_capability(x: &mut String, agent: &str, kind: CapabilityKind, cap: &Capab
     if q.include_input_schema
         && let Some(schema) = &cap.input_schema
     {
-        xml_schema(x, "input_schema", schema);
+        xml_schema(x, "input_schema", &schema.to_value());
     }
     if q.include_output_schema
         && let Some(schema) = &cap.output_schema
     {
-        xml_schema(x, "output_schema", schema);
+        xml_schema(x, "output_schema", &schema.to_value());
     }
     if q.include_examples && !cap.examples.is_empty() {
         x.push_str("          <examples>\n");
         for example in &cap.examples {
-            let _ = writeln!(x, "            <example>{}</example>", xml_escape(&example.to_string()));
+            let _ = writeln!(x, "            <example>{}</example>", xml_escape(example.get()));
         }
         x.push_str("          </examples>\n");
     }
