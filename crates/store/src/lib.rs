@@ -56,11 +56,15 @@ pub enum CatalogChange {
     Registered {
         /// Agent id.
         agent_id: String,
+        /// Its new `updated_at`, in milliseconds since the Unix epoch.
+        updated_at_ms: i64,
     },
     /// An existing agent was registered again.
     Updated {
         /// Agent id.
         agent_id: String,
+        /// Its new `updated_at`, in milliseconds since the Unix epoch.
+        updated_at_ms: i64,
     },
     /// An agent heartbeated.
     Heartbeat {

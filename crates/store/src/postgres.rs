@@ -146,9 +146,9 @@ impl AgentStore for PostgresStore {
             insert.build().execute(&mut *tx).await?;
         }
         let change = if created {
-            CatalogChange::Registered { agent_id: def.id.clone() }
+            CatalogChange::Registered { agent_id: def.id.clone(), updated_at_ms: now_ms }
         } else {
-            CatalogChange::Updated { agent_id: def.id.clone() }
+            CatalogChange::Updated { agent_id: def.id.clone(), updated_at_ms: now_ms }
         };
         notify(&mut tx, &change).await?;
         tx.commit().await?;

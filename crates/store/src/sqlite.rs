@@ -126,9 +126,9 @@ impl AgentStore for SqliteStore {
         tx.commit().await?;
         let created = existing.is_none();
         self.announce(if created {
-            CatalogChange::Registered { agent_id: def.id.clone() }
+            CatalogChange::Registered { agent_id: def.id.clone(), updated_at_ms: now_ms }
         } else {
-            CatalogChange::Updated { agent_id: def.id.clone() }
+            CatalogChange::Updated { agent_id: def.id.clone(), updated_at_ms: now_ms }
         });
         Ok(Registered {
             record: AgentRecord {

@@ -43,13 +43,22 @@ async fn contract(backend: Backend) {
     // Registration creates, then replaces; capabilities keep their order.
     let first = store.register(&definition("b-agent", &["x", "y"]), at(0)).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(first.created);
-    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "b-agent".into() });
+    assert_eq!(
+        next_change(&mut changes).await,
+        CatalogChange::Registered { agent_id: "b-agent".into(), updated_at_ms: at(0).timestamp_millis() }
+    );
     store.register(&definition("a-agent", &["internal_one"]), at(1)).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "a-agent".into() });
+    assert_eq!(
+        next_change(&mut changes).await,
+        CatalogChange::Registered { agent_id: "a-agent".into(), updated_at_ms: at(1).timestamp_millis() }
+    );
     let replaced = store.register(&definition("b-agent", &["z"]), at(10)).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(!replaced.created);
     assert_eq!(replaced.record.registered_at, at(0), "first registration time is kept");
-    assert_eq!(next_change(&mut changes).await, CatalogChange::Updated { agent_id: "b-agent".into() });
+    assert_eq!(
+        next_change(&mut changes).await,
+        CatalogChange::Updated { agent_id: "b-agent".into(), updated_at_ms: at(10).timestamp_millis() }
+    );
 
     let all = store.list().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(all.iter().map(|a| a.id()).collect::<Vec<_>>(), ["a-agent", "b-agent"]);
@@ -110,7 +119,10 @@ async fn postgres_notifications_reach_every_store_sharing_the_database() {
     let reader = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
     let mut changes = reader.subscribe();
     writer.register(&definition("w", &["x"]), at(0)).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(next_change(&mut changes).await, CatalogChange::Registered { agent_id: "w".into() });
+    assert_eq!(
+        next_change(&mut changes).await,
+        CatalogChange::Registered { agent_id: "w".into(), updated_at_ms: at(0).timestamp_millis() }
+    );
     writer.heartbeat("w", ReportedStatus::Active, at(5)).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(next_change(&mut changes).await, CatalogChange::Heartbeat { .. }));
     writer.deregister("w").await.unwrap_or_else(|e| panic!("{e}"));

@@ -5,7 +5,6 @@
 //! missed. Concurrent misses share one database query; when the database is
 //! unreachable the last snapshot keeps being served.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -50,8 +49,8 @@ enum Patch {
 /// An immutable list of agents (ordered by id) with a mutable liveness overlay.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// Sorted by id; looked up by binary search.
     agents: Vec<Arc<AgentRecord>>,
-    index: HashMap<String, usize>,
     liveness: Vec<Liveness>,
     generation: u64,
     loaded_at: Instant,
@@ -60,22 +59,17 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(
-        mut agents: Vec<Arc<AgentRecord>>,
-        liveness: Option<Vec<Liveness>>,
-        generation: u64,
-        loaded_at: Instant,
-    ) -> Self {
-        let liveness = match liveness {
-            Some(l) => l,
-            None => {
-                agents.sort_by(|a, b| a.id().cmp(b.id()));
-                agents.iter().map(|a| Liveness::new(a.last_heartbeat.timestamp_millis(), a.reported_status)).collect()
-            }
-        };
-        let index = agents.iter().enumerate().map(|(i, a)| (a.id().to_owned(), i)).collect();
+    fn new(mut agents: Vec<Arc<AgentRecord>>, generation: u64) -> Self {
+        agents.sort_by(|a, b| a.id().cmp(b.id()));
+        agents.dedup_by(|a, b| a.id() == b.id());
+        let liveness =
+            agents.iter().map(|a| Liveness::new(a.last_heartbeat.timestamp_millis(), a.reported_status)).collect();
         let size_bytes = agents.iter().map(|a| approximate_size(a)).sum();
-        Self { agents, index, liveness, generation, loaded_at, size_bytes }
+        Self { agents, liveness, generation, loaded_at: Instant::now(), size_bytes }
+    }
+
+    fn position(&self, id: &str) -> Result<usize, usize> {
+        self.agents.binary_search_by(|a| a.id().cmp(id))
     }
 
     /// Number of agents.
@@ -109,7 +103,7 @@ impl Snapshot {
 
     /// One agent with its liveness applied, and its health at `now`.
     pub fn get(&self, id: &str, policy: HealthPolicy, now: DateTime<Utc>) -> Option<(AgentRecord, HealthStatus)> {
-        let i = *self.index.get(id)?;
+        let i = self.position(id).ok()?;
         let (at, reported) = self.live(i);
         let mut record = self.agents[i].as_ref().clone();
         record.last_heartbeat = at;
@@ -119,7 +113,7 @@ impl Snapshot {
 
     /// Applies a heartbeat in place; false when the agent is not here.
     fn beat(&self, id: &str, status: ReportedStatus, at_ms: i64) -> bool {
-        let Some(&i) = self.index.get(id) else {
+        let Ok(i) = self.position(id) else {
             return false;
         };
         let l = &self.liveness[i];
@@ -128,33 +122,43 @@ impl Snapshot {
         true
     }
 
-    /// A copy with an agent added, replaced or removed. A replacement older
-    /// than what is held is ignored.
-    fn patched(&self, patch: &Patch, generation: u64) -> Option<Self> {
+    /// The stored version (`updated_at`) of an agent, if held.
+    pub fn version_of(&self, id: &str) -> Option<DateTime<Utc>> {
+        self.position(id).ok().map(|i| self.agents[i].updated_at)
+    }
+
+    /// A copy with an agent added, replaced or removed; `None` when nothing
+    /// changes (a replacement older than what is held is ignored).
+    fn patched(&self, patch: &Patch) -> Option<Self> {
+        let mut size_bytes = self.size_bytes;
         let mut agents = self.agents.clone();
         let mut liveness: Vec<Liveness> = self.liveness.iter().map(Liveness::copy).collect();
         match patch {
-            Patch::Upsert(record) => match self.index.get(record.id()) {
-                Some(&i) if self.agents[i].updated_at > record.updated_at => return None,
-                Some(&i) => {
-                    agents[i] = record.clone();
-                    liveness[i] = Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status);
+            Patch::Upsert(record) => {
+                let fresh = Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status);
+                size_bytes += approximate_size(record);
+                match self.position(record.id()) {
+                    Ok(i) if self.agents[i].updated_at > record.updated_at => return None,
+                    Ok(i) => {
+                        size_bytes -= approximate_size(&agents[i]);
+                        agents[i] = record.clone();
+                        liveness[i] = fresh;
+                    }
+                    Err(i) => {
+                        agents.insert(i, record.clone());
+                        liveness.insert(i, fresh);
+                    }
                 }
-                None => {
-                    let at = agents.partition_point(|a| a.id() < record.id());
-                    agents.insert(at, record.clone());
-                    liveness
-                        .insert(at, Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status));
-                }
-            },
+            }
             Patch::Remove(id) => {
-                let i = *self.index.get(id)?;
+                let i = self.position(id).ok()?;
+                size_bytes -= approximate_size(&agents[i]);
                 agents.remove(i);
                 liveness.remove(i);
             }
             Patch::Heartbeat { .. } => return None,
         }
-        Some(Self::new(agents, Some(liveness), generation, self.loaded_at))
+        Some(Self { agents, liveness, generation: self.generation, loaded_at: self.loaded_at, size_bytes })
     }
 }
 
@@ -203,6 +207,8 @@ pub struct CatalogCache {
     /// Bumped when the snapshot can no longer be trusted (missed notifications).
     generation: AtomicU64,
     load_lock: tokio::sync::Mutex<()>,
+    /// A background reload is running.
+    refreshing: AtomicBool,
     /// Patches seen while a load is running, replayed onto its result.
     pending: Mutex<Option<Vec<Patch>>>,
     failed_at: RwLock<Option<Instant>>,
@@ -218,6 +224,7 @@ impl CatalogCache {
             current: RwLock::new(None),
             generation: AtomicU64::new(0),
             load_lock: tokio::sync::Mutex::new(()),
+            refreshing: AtomicBool::new(false),
             pending: Mutex::new(None),
             failed_at: RwLock::new(None),
             metrics,
@@ -245,17 +252,24 @@ impl CatalogCache {
         }
     }
 
-    /// The current snapshot, loading it when missing, expired or invalidated.
-    pub async fn snapshot(&self) -> Result<(Arc<Snapshot>, Source), StoreError> {
+    /// The current snapshot. A missing or distrusted snapshot is loaded
+    /// (concurrent callers share the load); one that only outlived its TTL is
+    /// served while a background reload replaces it.
+    pub async fn snapshot(self: &Arc<Self>) -> Result<(Arc<Snapshot>, Source), StoreError> {
         if let Some(s) = self.fresh() {
             self.metrics.cache_hits.inc();
             return Ok((s, Source::Hit));
         }
-        if self.recently_failed()
-            && let Some(s) = self.current()
-        {
-            self.metrics.cache_stale_served.inc();
-            return Ok((s, Source::Stale));
+        if let Some(s) = self.current() {
+            if self.recently_failed() {
+                self.metrics.cache_stale_served.inc();
+                return Ok((s, Source::Stale));
+            }
+            if s.generation == self.generation.load(Ordering::Acquire) {
+                self.refresh_in_background();
+                self.metrics.cache_hits.inc();
+                return Ok((s, Source::Hit));
+            }
         }
         let _guard = self.load_lock.lock().await;
         // Another request may have loaded it while this one waited.
@@ -264,47 +278,72 @@ impl CatalogCache {
             return Ok((s, Source::Hit));
         }
         self.metrics.cache_misses.inc();
+        match self.load().await {
+            Ok(s) => Ok((s, Source::Miss)),
+            Err(e) => match self.current() {
+                Some(s) => {
+                    tracing::warn!(error = %e, agents = s.len(), "database unreachable; serving the last catalog snapshot");
+                    self.metrics.cache_stale_served.inc();
+                    Ok((s, Source::Stale))
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    fn refresh_in_background(self: &Arc<Self>) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let guard = cache.load_lock.lock().await;
+            if cache.fresh().is_none() {
+                cache.metrics.cache_misses.inc();
+                if let Err(e) = cache.load().await {
+                    tracing::warn!(error = %e, "background catalog reload failed; serving the last snapshot");
+                }
+            }
+            drop(guard);
+            cache.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Loads every agent (the caller holds `load_lock`), replays patches
+    /// seen meanwhile, and publishes the result.
+    async fn load(&self) -> Result<Arc<Snapshot>, StoreError> {
         let generation = self.generation.load(Ordering::Acquire);
         if let Ok(mut pending) = self.pending.lock() {
             *pending = Some(Vec::new());
         }
         let loaded = self.store.list().await;
         let patches = self.pending.lock().ok().and_then(|mut p| p.take()).unwrap_or_default();
-        match loaded {
-            Ok(agents) => {
-                let mut snapshot =
-                    Snapshot::new(agents.into_iter().map(Arc::new).collect(), None, generation, Instant::now());
-                // Writes noticed during the load may or may not be in it:
-                // replaying them is harmless (older replacements are ignored).
-                for patch in &patches {
-                    match patch {
-                        Patch::Heartbeat { agent_id, status, at_ms } => {
-                            snapshot.beat(agent_id, *status, *at_ms);
-                        }
-                        other => {
-                            if let Some(next) = snapshot.patched(other, generation) {
-                                snapshot = next;
-                            }
-                        }
-                    }
-                }
-                let snapshot = Arc::new(snapshot);
-                self.publish(snapshot.clone());
-                self.set_failed(false);
-                Ok((snapshot, Source::Miss))
-            }
+        let agents = match loaded {
+            Ok(agents) => agents,
             Err(e) => {
                 self.set_failed(true);
-                match self.current() {
-                    Some(s) => {
-                        tracing::warn!(error = %e, agents = s.len(), "database unreachable; serving the last catalog snapshot");
-                        self.metrics.cache_stale_served.inc();
-                        Ok((s, Source::Stale))
+                return Err(e);
+            }
+        };
+        let mut snapshot = Snapshot::new(agents.into_iter().map(Arc::new).collect(), generation);
+        // Writes noticed during the load may or may not be in it: replaying
+        // them is harmless (older replacements are ignored).
+        for patch in &patches {
+            match patch {
+                Patch::Heartbeat { agent_id, status, at_ms } => {
+                    snapshot.beat(agent_id, *status, *at_ms);
+                }
+                other => {
+                    if let Some(next) = snapshot.patched(other) {
+                        snapshot = next;
                     }
-                    None => Err(e),
                 }
             }
         }
+        let snapshot = Arc::new(snapshot);
+        self.publish(snapshot.clone());
+        self.set_failed(false);
+        Ok(snapshot)
     }
 
     fn publish(&self, snapshot: Arc<Snapshot>) {
@@ -345,7 +384,7 @@ impl CatalogCache {
                 }
             }
             other => {
-                if let Some(next) = snapshot.patched(other, snapshot.generation) {
+                if let Some(next) = snapshot.patched(other) {
                     self.metrics.cache_size_bytes.set(i64::try_from(next.size_bytes).unwrap_or(i64::MAX));
                     self.metrics.cache_agents.set(i64::try_from(next.len()).unwrap_or(i64::MAX));
                     *current = Some(Arc::new(next));

@@ -154,7 +154,22 @@ async fn router(
         .add_service(reflection().build_v1alpha()?)
         .into_axum_router();
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
-    Ok(rest.merge(grpc))
+    Ok(rest.merge(grpc).fallback(not_found))
+}
+
+/// Unknown paths: gRPC's UNIMPLEMENTED for gRPC clients, a JSON 404 otherwise.
+async fn not_found(request: axum::extract::Request) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let is_grpc = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if is_grpc {
+        return tonic::Status::unimplemented(format!("unknown method {}", request.uri().path())).into_http();
+    }
+    let body = DiscoveryError::RouteNotFound(request.uri().path().to_owned()).body(&rest::new_request_id());
+    (http::StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 async fn mirror_store_health(

@@ -50,7 +50,7 @@ pub struct CatalogEvent {
 /// The agent registry.
 pub struct Registry {
     store: Arc<dyn AgentStore>,
-    cache: CatalogCache,
+    cache: Arc<CatalogCache>,
     policy: HealthPolicy,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<CatalogEvent>,
@@ -63,7 +63,7 @@ impl Registry {
         let (events, _) = broadcast::channel(4096);
         let (store_healthy, _) = watch::channel(true);
         Self {
-            cache: CatalogCache::new(store.clone(), cache_ttl, metrics.clone()),
+            cache: Arc::new(CatalogCache::new(store.clone(), cache_ttl, metrics.clone())),
             store,
             policy,
             metrics,
@@ -228,23 +228,30 @@ impl Registry {
 
     async fn apply_change(&self, change: CatalogChange, known: &mut HashMap<String, HealthStatus>) {
         match change {
-            CatalogChange::Registered { agent_id } | CatalogChange::Updated { agent_id } => {
+            CatalogChange::Registered { agent_id, updated_at_ms }
+            | CatalogChange::Updated { agent_id, updated_at_ms } => {
                 let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
-                let agent = match self.store.get(&agent_id).await {
-                    Ok(Some(agent)) => {
-                        self.cache.upsert(agent.clone());
-                        Some(agent)
-                    }
-                    Ok(None) => {
-                        // Removed again since: its removal notification follows.
-                        self.cache.remove(&agent_id);
-                        None
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, agent_id, "could not read a changed agent; reloading the catalog");
-                        self.cache.invalidate();
-                        None
-                    }
+                let version = DateTime::from_timestamp_millis(updated_at_ms).unwrap_or_default();
+                let held = self.cache.peek().filter(|s| s.version_of(&agent_id).is_some_and(|v| v >= version));
+                let agent = match held {
+                    // Already in the snapshot: this replica's own write, or a reload saw it.
+                    Some(snapshot) => snapshot.get(&agent_id, self.policy, Utc::now()).map(|(a, _)| a),
+                    None => match self.store.get(&agent_id).await {
+                        Ok(Some(agent)) => {
+                            self.cache.upsert(agent.clone());
+                            Some(agent)
+                        }
+                        Ok(None) => {
+                            // Removed again since: its removal notification follows.
+                            self.cache.remove(&agent_id);
+                            None
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, agent_id, "could not read a changed agent; reloading the catalog");
+                            self.cache.invalidate();
+                            None
+                        }
+                    },
                 };
                 let health =
                     agent.as_ref().map(|a| self.policy.derive(a.last_heartbeat, a.reported_status, Utc::now()));

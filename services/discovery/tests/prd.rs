@@ -364,6 +364,8 @@ async fn registration_lifecycle(backend: Backend) {
     let (status, body) = ctx.get("/api/v1/agents/agent-data-003").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body["request_id"].is_string());
+    let (status, body) = ctx.get("/api/v1/discovery/capabilitiez").await;
+    assert_eq!((status, body["error"].clone()), (StatusCode::NOT_FOUND, json!("not_found")));
 }
 
 // Validation at registration names every field

@@ -88,8 +88,19 @@ async fn an_unreachable_database_serves_the_last_snapshot_and_reports_unhealthy(
     assert_eq!(ctx.discover("").await["total_agents"], 3);
 
     proxy.cut();
-    // With a TTL of zero every query would reload: all must come from the
-    // last snapshot, flagged with a Warning header.
+    // With a TTL of zero every query wants a reload: once one has failed,
+    // answers come from the last snapshot, flagged with a Warning header.
+    let started = Instant::now();
+    loop {
+        let response =
+            ctx.http.get(ctx.url("/api/v1/discovery/capabilities")).send().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(response.status(), StatusCode::OK, "served throughout the outage");
+        if response.headers().contains_key("warning") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never flagged as stale");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for _ in 0..5 {
         let response =
             ctx.http.get(ctx.url("/api/v1/discovery/capabilities")).send().await.unwrap_or_else(|e| panic!("{e}"));

@@ -25,3 +25,5 @@ CREATE TABLE agentmesh_capabilities (
     internal BOOLEAN NOT NULL,
     PRIMARY KEY (agent_id, id)
 );
+
+CREATE INDEX agentmesh_capabilities_by_position ON agentmesh_capabilities (agent_id, position);
