@@ -101,6 +101,9 @@ pub trait AgentStore: Send + Sync + 'static {
     async fn deregister(&self, agent_id: &str) -> StoreResult<bool>;
     /// One agent by exact id.
     async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>>;
+    /// Several agents by exact id, in one query per 500 ids; unknown ids are
+    /// left out.
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>>;
     /// Every agent with its capabilities, ordered by id, in one query.
     async fn list(&self) -> StoreResult<Vec<AgentRecord>>;
     /// Checks that the database answers.

@@ -211,6 +211,18 @@ impl AgentStore for PostgresStore {
         Ok(decode_agents(&rows)?.pop())
     }
 
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
+        let mut agents = Vec::new();
+        for chunk in agent_ids.chunks(500) {
+            let rows = sqlx::query(concat!(select_agents!(), " WHERE a.id = ANY($1) ORDER BY a.id, c.position"))
+                .bind(chunk)
+                .fetch_all(&self.pool)
+                .await?;
+            agents.extend(decode_agents(&rows)?);
+        }
+        Ok(agents)
+    }
+
     async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
         let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
         collect_agents(rows).await

@@ -187,6 +187,21 @@ impl AgentStore for SqliteStore {
         Ok(decode_agents(&rows)?.pop())
     }
 
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
+        let mut agents = Vec::new();
+        for chunk in agent_ids.chunks(500) {
+            let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(concat!(select_agents!(), " WHERE a.id IN ("));
+            let mut ids = query.separated(", ");
+            for id in chunk {
+                ids.push_bind(id.clone());
+            }
+            query.push(") ORDER BY a.id, c.position");
+            let rows = query.build().fetch_all(&self.pool).await?;
+            agents.extend(decode_agents(&rows)?);
+        }
+        Ok(agents)
+    }
+
     async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
         let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
         collect_agents(rows).await

@@ -96,6 +96,10 @@ async fn contract(backend: Backend) {
     assert!(b.definition.skills.is_empty(), "old capabilities did not survive removal");
     assert_eq!(b.definition.reasoners.len(), 1);
     store.ping().await.unwrap_or_else(|e| panic!("{e}"));
+    let many =
+        store.get_many(&["b-agent".into(), "nobody".into(), "a-agent".into()]).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(many.iter().map(|a| a.id()).collect::<Vec<_>>(), ["a-agent", "b-agent"]);
+    assert_eq!(many[1].definition.reasoners.len(), 1);
 
     // Migrations are idempotent: a second connection to the same database works.
     let again = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));

@@ -5,6 +5,7 @@
 //! missed. Concurrent misses share one database query; when the database is
 //! unreachable the last snapshot keeps being served.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -127,39 +128,56 @@ impl Snapshot {
         self.position(id).ok().map(|i| self.agents[i].updated_at)
     }
 
-    /// A copy with an agent added, replaced or removed; `None` when nothing
-    /// changes (a replacement older than what is held is ignored).
-    fn patched(&self, patch: &Patch) -> Option<Self> {
+    /// A copy with agents replaced (`Some`) or removed (`None`). A
+    /// replacement older than the version held is ignored; heartbeat state of
+    /// untouched agents is carried over.
+    fn merged(&self, mut changes: HashMap<String, Option<Arc<AgentRecord>>>) -> Self {
+        let mut entries: Vec<(Arc<AgentRecord>, Liveness)> = Vec::with_capacity(self.agents.len() + changes.len());
         let mut size_bytes = self.size_bytes;
-        let mut agents = self.agents.clone();
-        let mut liveness: Vec<Liveness> = self.liveness.iter().map(Liveness::copy).collect();
+        for (held, live) in self.agents.iter().zip(&self.liveness) {
+            match changes.remove(held.id()) {
+                None => entries.push((held.clone(), live.copy())),
+                Some(None) => size_bytes -= approximate_size(held),
+                Some(Some(newer)) if newer.updated_at >= held.updated_at => {
+                    size_bytes = size_bytes - approximate_size(held) + approximate_size(&newer);
+                    let fresh = Liveness::new(newer.last_heartbeat.timestamp_millis(), newer.reported_status);
+                    entries.push((newer, fresh));
+                }
+                Some(Some(_)) => entries.push((held.clone(), live.copy())),
+            }
+        }
+        for added in changes.into_values().flatten() {
+            size_bytes += approximate_size(&added);
+            let fresh = Liveness::new(added.last_heartbeat.timestamp_millis(), added.reported_status);
+            entries.push((added, fresh));
+        }
+        entries.sort_by(|a, b| a.0.id().cmp(b.0.id()));
+        let (agents, liveness) = entries.into_iter().unzip();
+        Self { agents, liveness, generation: self.generation, loaded_at: self.loaded_at, size_bytes }
+    }
+}
+
+/// The last change per agent among `patches` (newest version wins).
+fn coalesce<'a>(patches: impl IntoIterator<Item = &'a Patch>) -> HashMap<String, Option<Arc<AgentRecord>>> {
+    let mut changes: HashMap<String, Option<Arc<AgentRecord>>> = HashMap::new();
+    for patch in patches {
         match patch {
             Patch::Upsert(record) => {
-                let fresh = Liveness::new(record.last_heartbeat.timestamp_millis(), record.reported_status);
-                size_bytes += approximate_size(record);
-                match self.position(record.id()) {
-                    Ok(i) if self.agents[i].updated_at > record.updated_at => return None,
-                    Ok(i) => {
-                        size_bytes -= approximate_size(&agents[i]);
-                        agents[i] = record.clone();
-                        liveness[i] = fresh;
-                    }
-                    Err(i) => {
-                        agents.insert(i, record.clone());
-                        liveness.insert(i, fresh);
-                    }
+                let newer = match changes.get(record.id()) {
+                    Some(Some(held)) => record.updated_at >= held.updated_at,
+                    _ => true,
+                };
+                if newer {
+                    changes.insert(record.id().to_owned(), Some(record.clone()));
                 }
             }
             Patch::Remove(id) => {
-                let i = self.position(id).ok()?;
-                size_bytes -= approximate_size(&agents[i]);
-                agents.remove(i);
-                liveness.remove(i);
+                changes.insert(id.clone(), None);
             }
-            Patch::Heartbeat { .. } => return None,
+            Patch::Heartbeat { .. } => {}
         }
-        Some(Self { agents, liveness, generation: self.generation, loaded_at: self.loaded_at, size_bytes })
     }
+    changes
 }
 
 fn approximate_size(a: &AgentRecord) -> usize {
@@ -246,6 +264,11 @@ impl CatalogCache {
         self.failed_at.read().ok().and_then(|f| *f).is_some_and(|at| at.elapsed() < RETRY_AFTER_FAILURE)
     }
 
+    /// The last load failed and none has succeeded since.
+    fn failing(&self) -> bool {
+        self.failed_at.read().ok().is_some_and(|f| f.is_some())
+    }
+
     fn set_failed(&self, failed: bool) {
         if let Ok(mut at) = self.failed_at.write() {
             *at = failed.then(Instant::now);
@@ -261,12 +284,16 @@ impl CatalogCache {
             return Ok((s, Source::Hit));
         }
         if let Some(s) = self.current() {
-            if self.recently_failed() {
-                self.metrics.cache_stale_served.inc();
-                return Ok((s, Source::Stale));
-            }
-            if s.generation == self.generation.load(Ordering::Acquire) {
+            let trusted = s.generation == self.generation.load(Ordering::Acquire);
+            if trusted && !self.recently_failed() {
+                // Only expired: serve it while a background reload replaces it.
                 self.refresh_in_background();
+            }
+            if trusted || self.recently_failed() {
+                if self.failing() {
+                    self.metrics.cache_stale_served.inc();
+                    return Ok((s, Source::Stale));
+                }
                 self.metrics.cache_hits.inc();
                 return Ok((s, Source::Hit));
             }
@@ -325,19 +352,13 @@ impl CatalogCache {
                 return Err(e);
             }
         };
-        let mut snapshot = Snapshot::new(agents.into_iter().map(Arc::new).collect(), generation);
-        // Writes noticed during the load may or may not be in it: replaying
-        // them is harmless (older replacements are ignored).
+        // Writes noticed during the load may or may not be in it: replay
+        // them in one pass (older versions are ignored).
+        let loaded = Snapshot::new(agents.into_iter().map(Arc::new).collect(), generation);
+        let snapshot = if patches.is_empty() { loaded } else { loaded.merged(coalesce(&patches)) };
         for patch in &patches {
-            match patch {
-                Patch::Heartbeat { agent_id, status, at_ms } => {
-                    snapshot.beat(agent_id, *status, *at_ms);
-                }
-                other => {
-                    if let Some(next) = snapshot.patched(other) {
-                        snapshot = next;
-                    }
-                }
+            if let Patch::Heartbeat { agent_id, status, at_ms } = patch {
+                snapshot.beat(agent_id, *status, *at_ms);
             }
         }
         let snapshot = Arc::new(snapshot);
@@ -364,11 +385,13 @@ impl CatalogCache {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn patch(&self, patch: Patch) {
+    /// Applies patches to the snapshot: heartbeats in place, the others in
+    /// one new copy.
+    fn apply(&self, patches: Vec<Patch>) {
         if let Ok(mut pending) = self.pending.lock()
             && let Some(pending) = pending.as_mut()
         {
-            pending.push(patch.clone());
+            pending.extend(patches.iter().cloned());
         }
         let Ok(mut current) = self.current.write() else {
             return;
@@ -376,35 +399,103 @@ impl CatalogCache {
         let Some(snapshot) = current.as_ref() else {
             return;
         };
-        match &patch {
-            Patch::Heartbeat { agent_id, status, at_ms } => {
-                if !snapshot.beat(agent_id, *status, *at_ms) {
-                    // Not here yet: its registration will bring it.
+        let changes = coalesce(&patches);
+        if !changes.is_empty() {
+            let next = snapshot.merged(changes);
+            self.metrics.cache_size_bytes.set(i64::try_from(next.size_bytes).unwrap_or(i64::MAX));
+            self.metrics.cache_agents.set(i64::try_from(next.len()).unwrap_or(i64::MAX));
+            *current = Some(Arc::new(next));
+        }
+        if let Some(snapshot) = current.as_ref() {
+            for patch in &patches {
+                if let Patch::Heartbeat { agent_id, status, at_ms } = patch
+                    && !snapshot.beat(agent_id, *status, *at_ms)
+                {
                     tracing::debug!(agent_id, "heartbeat for an agent not in the snapshot");
-                }
-            }
-            other => {
-                if let Some(next) = snapshot.patched(other) {
-                    self.metrics.cache_size_bytes.set(i64::try_from(next.size_bytes).unwrap_or(i64::MAX));
-                    self.metrics.cache_agents.set(i64::try_from(next.len()).unwrap_or(i64::MAX));
-                    *current = Some(Arc::new(next));
                 }
             }
         }
     }
 
+    /// Applies registrations (newest version wins) and removals in one copy.
+    pub fn apply_batch(&self, upserts: Vec<AgentRecord>, removals: Vec<String>) {
+        let patches = upserts
+            .into_iter()
+            .map(|r| Patch::Upsert(Arc::new(r)))
+            .chain(removals.into_iter().map(Patch::Remove))
+            .collect();
+        self.apply(patches);
+    }
+
     /// Puts a registered or updated agent into the snapshot.
     pub fn upsert(&self, record: AgentRecord) {
-        self.patch(Patch::Upsert(Arc::new(record)));
+        self.apply(vec![Patch::Upsert(Arc::new(record))]);
     }
 
     /// Takes a removed agent out of the snapshot.
     pub fn remove(&self, agent_id: &str) {
-        self.patch(Patch::Remove(agent_id.to_owned()));
+        self.apply(vec![Patch::Remove(agent_id.to_owned())]);
     }
 
     /// Applies a heartbeat to the snapshot.
     pub fn heartbeat(&self, agent_id: &str, status: ReportedStatus, at_ms: i64) {
-        self.patch(Patch::Heartbeat { agent_id: agent_id.to_owned(), status, at_ms });
+        self.apply(vec![Patch::Heartbeat { agent_id: agent_id.to_owned(), status, at_ms }]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentmesh_core::AgentDefinition;
+
+    fn record(id: &str, updated_ms: i64) -> Arc<AgentRecord> {
+        let at = DateTime::from_timestamp_millis(1_700_000_000_000 + updated_ms).unwrap_or_default();
+        let definition: AgentDefinition =
+            serde_json::from_value(serde_json::json!({"id": id, "base_url": "http://a:1", "skills": [{"id": "s"}]}))
+                .unwrap();
+        Arc::new(AgentRecord {
+            definition,
+            registered_at: at,
+            updated_at: at,
+            last_heartbeat: at,
+            reported_status: ReportedStatus::Active,
+        })
+    }
+
+    fn ids(s: &Snapshot) -> Vec<&str> {
+        s.agents.iter().map(|a| a.id()).collect()
+    }
+
+    #[test]
+    fn patches_keep_order_ignore_older_versions_and_track_size() {
+        let one = |p: Patch| coalesce(&[p]);
+        let s = Snapshot::new(vec![record("c", 0), record("a", 0)], 0);
+        assert_eq!(ids(&s), ["a", "c"]);
+        let s = s.merged(one(Patch::Upsert(record("b", 5))));
+        assert_eq!(ids(&s), ["a", "b", "c"]);
+        let same = s.merged(one(Patch::Upsert(record("b", 1))));
+        assert_eq!(same.version_of("b"), Some(record("b", 5).updated_at), "an older version is ignored");
+        let newer = s.merged(one(Patch::Upsert(record("b", 9))));
+        assert_eq!(newer.version_of("b"), Some(record("b", 9).updated_at));
+        let s = newer.merged(one(Patch::Remove("a".into())));
+        assert_eq!(ids(&s), ["b", "c"]);
+        assert_eq!(ids(&s.merged(one(Patch::Remove("zz".into())))), ["b", "c"]);
+        let batch =
+            coalesce(&[Patch::Remove("b".into()), Patch::Upsert(record("b", 20)), Patch::Upsert(record("d", 1))]);
+        let s = s.merged(batch);
+        assert_eq!(ids(&s), ["b", "c", "d"], "the last change per agent wins");
+        let rebuilt = Snapshot::new(s.agents.clone(), 0);
+        assert_eq!(s.size_bytes, rebuilt.size_bytes, "incremental size matches a full count");
+    }
+
+    #[test]
+    fn heartbeats_move_forward_and_survive_copies() {
+        let s = Snapshot::new(vec![record("a", 0), record("b", 0)], 0);
+        assert!(s.beat("a", ReportedStatus::Degraded, 1_700_000_005_000));
+        assert!(s.beat("a", ReportedStatus::Degraded, 1_700_000_001_000), "older beat keeps the later time");
+        assert!(!s.beat("nobody", ReportedStatus::Active, 0));
+        let copy = s.merged(coalesce(&[Patch::Upsert(record("c", 1))]));
+        let (at, status) = copy.live(0);
+        assert_eq!((at.timestamp_millis(), status), (1_700_000_005_000, ReportedStatus::Degraded));
     }
 }

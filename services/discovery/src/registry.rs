@@ -209,11 +209,20 @@ impl Registry {
         loop {
             tokio::select! {
                 change = changes.recv() => match change {
-                    Ok(change) => self.apply_change(change, &mut known).await,
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::warn!(missed, "catalog change stream lagged; reloading the snapshot");
-                        self.cache.invalidate();
+                    Ok(first) => {
+                        // Take whatever else is queued: a burst of writes is
+                        // read back in one query and applied in one copy.
+                        let mut batch = vec![first];
+                        while batch.len() < 1000 {
+                            match changes.try_recv() {
+                                Ok(change) => batch.push(change),
+                                Err(broadcast::error::TryRecvError::Lagged(missed)) => self.lagged(missed),
+                                Err(_) => break,
+                            }
+                        }
+                        self.apply_changes(batch, &mut known).await;
                     }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => self.lagged(missed),
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = sweep.tick() => self.sweep_health(&mut known).await,
@@ -222,60 +231,94 @@ impl Registry {
         }
     }
 
+    fn lagged(&self, missed: u64) {
+        tracing::warn!(missed, "catalog change stream lagged; reloading the snapshot");
+        self.cache.invalidate();
+    }
+
     fn emit(&self, kind: EventKind, agent_id: &str, agent: Option<AgentRecord>, health: Option<HealthStatus>) {
         let _ = self.events.send(CatalogEvent { kind, agent_id: agent_id.to_owned(), agent, health, at: Utc::now() });
     }
 
-    async fn apply_change(&self, change: CatalogChange, known: &mut HashMap<String, HealthStatus>) {
-        match change {
-            CatalogChange::Registered { agent_id, updated_at_ms }
-            | CatalogChange::Updated { agent_id, updated_at_ms } => {
-                let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
-                let version = DateTime::from_timestamp_millis(updated_at_ms).unwrap_or_default();
-                let held = self.cache.peek().filter(|s| s.version_of(&agent_id).is_some_and(|v| v >= version));
-                let agent = match held {
-                    // Already in the snapshot: this replica's own write, or a reload saw it.
-                    Some(snapshot) => snapshot.get(&agent_id, self.policy, Utc::now()).map(|(a, _)| a),
-                    None => match self.store.get(&agent_id).await {
-                        Ok(Some(agent)) => {
-                            self.cache.upsert(agent.clone());
-                            Some(agent)
-                        }
-                        Ok(None) => {
-                            // Removed again since: its removal notification follows.
-                            self.cache.remove(&agent_id);
-                            None
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, agent_id, "could not read a changed agent; reloading the catalog");
-                            self.cache.invalidate();
-                            None
-                        }
-                    },
-                };
-                let health =
-                    agent.as_ref().map(|a| self.policy.derive(a.last_heartbeat, a.reported_status, Utc::now()));
-                if let Some(h) = health {
-                    known.insert(agent_id.clone(), h);
+    /// Applies a batch of changes from any replica to the cache, then emits
+    /// one watch event per change, in order.
+    async fn apply_changes(&self, batch: Vec<CatalogChange>, known: &mut HashMap<String, HealthStatus>) {
+        // The last write per agent decides its state; agents whose newest
+        // version the snapshot does not hold yet are read back in one query.
+        let held = self.cache.peek();
+        let mut last: HashMap<&str, &CatalogChange> = HashMap::new();
+        for change in &batch {
+            match change {
+                CatalogChange::Registered { agent_id, .. }
+                | CatalogChange::Updated { agent_id, .. }
+                | CatalogChange::Deregistered { agent_id } => {
+                    last.insert(agent_id.as_str(), change);
                 }
-                self.emit(kind, &agent_id, agent, health);
+                CatalogChange::Heartbeat { .. } => {}
+                CatalogChange::Resync => self.cache.invalidate(),
             }
-            CatalogChange::Heartbeat { agent_id, status, at_ms } => {
-                self.cache.heartbeat(&agent_id, status, at_ms);
-                let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_default();
-                let health = self.policy.derive(at, status, Utc::now());
-                if known.insert(agent_id.clone(), health).is_some_and(|before| before != health) {
-                    let agent =
-                        self.cache.peek().and_then(|s| s.get(&agent_id, self.policy, Utc::now())).map(|(a, _)| a);
-                    self.emit(EventKind::HealthChanged, &agent_id, agent, Some(health));
+        }
+        let mut need = Vec::new();
+        let mut removals = Vec::new();
+        for (agent_id, change) in &last {
+            match change {
+                CatalogChange::Registered { updated_at_ms, .. } | CatalogChange::Updated { updated_at_ms, .. } => {
+                    let version = DateTime::from_timestamp_millis(*updated_at_ms).unwrap_or_default();
+                    let is_held = held.as_ref().and_then(|s| s.version_of(agent_id)).is_some_and(|v| v >= version);
+                    if !is_held {
+                        need.push((*agent_id).to_owned());
+                    }
+                }
+                _ => removals.push((*agent_id).to_owned()),
+            }
+        }
+        let mut fetched: HashMap<String, AgentRecord> = HashMap::new();
+        if !need.is_empty() {
+            match self.store.get_many(&need).await {
+                Ok(agents) => fetched = agents.into_iter().map(|a| (a.id().to_owned(), a)).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, agents = need.len(), "could not read changed agents; reloading the catalog");
+                    self.cache.invalidate();
                 }
             }
-            CatalogChange::Deregistered { agent_id } => {
-                self.cache.remove(&agent_id);
-                known.remove(&agent_id);
-                self.emit(EventKind::Deregistered, &agent_id, None, None);
+            // Read back but gone: removed again since (its notification follows).
+            removals.extend(need.iter().filter(|id| !fetched.contains_key(*id)).cloned());
+        }
+        if !fetched.is_empty() || !removals.is_empty() {
+            self.cache.apply_batch(fetched.values().cloned().collect(), removals);
+        }
+
+        let now = Utc::now();
+        let snapshot = self.cache.peek();
+        for change in batch {
+            match change {
+                CatalogChange::Registered { agent_id, .. } | CatalogChange::Updated { agent_id, .. } => {
+                    let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
+                    let agent = fetched
+                        .get(&agent_id)
+                        .cloned()
+                        .or_else(|| snapshot.as_ref().and_then(|s| s.get(&agent_id, self.policy, now)).map(|(a, _)| a));
+                    let health = agent.as_ref().map(|a| self.policy.derive(a.last_heartbeat, a.reported_status, now));
+                    if let Some(h) = health {
+                        known.insert(agent_id.clone(), h);
+                    }
+                    self.emit(kind, &agent_id, agent, health);
+                }
+                CatalogChange::Heartbeat { agent_id, status, at_ms } => {
+                    self.cache.heartbeat(&agent_id, status, at_ms);
+                    let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_default();
+                    let health = self.policy.derive(at, status, now);
+                    if known.insert(agent_id.clone(), health).is_some_and(|before| before != health) {
+                        let agent = self.cache.peek().and_then(|s| s.get(&agent_id, self.policy, now)).map(|(a, _)| a);
+                        self.emit(EventKind::HealthChanged, &agent_id, agent, Some(health));
+                    }
+                }
+                CatalogChange::Deregistered { agent_id } => {
+                    known.remove(&agent_id);
+                    self.emit(EventKind::Deregistered, &agent_id, None, None);
+                }
+                CatalogChange::Resync => {}
             }
-            CatalogChange::Resync => self.cache.invalidate(),
         }
     }
 

@@ -222,6 +222,9 @@ async fn main() -> anyhow::Result<()> {
         let loaded = Instant::now();
         register_all(&base, n).await?;
         eprintln!("registered {n} agents in {:.1}s", loaded.elapsed().as_secs_f64());
+        // Let the server finish processing the registrations' notifications:
+        // the table measures the steady state.
+        tokio::time::sleep(Duration::from_secs(3)).await;
         reqwest::get(format!("{base}/api/v1/discovery/capabilities")).await?.error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
         for protocol in [Protocol::Grpc, Protocol::Rest] {
