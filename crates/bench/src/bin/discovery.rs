@@ -33,6 +33,11 @@ struct Args {
     /// Measured seconds per scenario (after 0.5 s of warm-up).
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Also run each client count paced: every client sends one request per
+    /// this many milliseconds (an open load of clients × 1000 / N req/s), so
+    /// latency shows service time rather than queueing. 0 disables.
+    #[arg(long, default_value_t = 1000)]
+    paced_interval_ms: u64,
     /// Registry database (default: a fresh SQLite file per catalog size).
     #[arg(long)]
     database_url: Option<String>,
@@ -141,24 +146,37 @@ async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for the next paced slot, if pacing.
+async fn pace(interval: Option<Duration>, next: &mut Instant) {
+    if let Some(interval) = interval {
+        tokio::time::sleep_until((*next).into()).await;
+        *next += interval;
+    }
+}
+
 async fn run_load(
     base: &str,
     protocol: Protocol,
     query: Query,
     clients: usize,
     seconds: f64,
+    paced: Option<Duration>,
 ) -> anyhow::Result<(Latencies, f64)> {
     let start = Instant::now() + Duration::from_millis(500);
     let end = start + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::with_capacity(clients);
-    for _ in 0..clients {
+    for client_no in 0..clients {
         let base = base.to_owned();
+        // Paced clients start spread evenly over one interval.
+        let offset = paced.map_or(Duration::ZERO, |p| p.mul_f64(client_no as f64 / clients.max(1) as f64));
+        let mut next = Instant::now() + offset;
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
             match protocol {
                 Protocol::Grpc => {
                     let mut client = DiscoveryServiceClient::connect(base).await?.max_decoding_message_size(64 << 20);
                     while Instant::now() < end {
+                        pace(paced, &mut next).await;
                         let t0 = Instant::now();
                         let ok = client.list_capabilities(query.grpc()).await.is_ok();
                         if t0 >= start {
@@ -170,6 +188,7 @@ async fn run_load(
                     let client = reqwest::Client::builder().pool_max_idle_per_host(1).http1_only().build()?;
                     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
                     while Instant::now() < end {
+                        pace(paced, &mut next).await;
                         let t0 = Instant::now();
                         let ok = match client.get(&url).send().await {
                             Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
@@ -228,14 +247,26 @@ async fn main() -> anyhow::Result<()> {
         reqwest::get(format!("{base}/api/v1/discovery/capabilities")).await?.error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
         for protocol in [Protocol::Grpc, Protocol::Rest] {
-            for &clients in &args.clients {
+            let paced = (args.paced_interval_ms > 0).then(|| Duration::from_millis(args.paced_interval_ms));
+            let modes: Vec<(usize, Option<Duration>)> = args
+                .clients
+                .iter()
+                .flat_map(|&c| [(c, None), (c, paced)])
+                // Pace only the largest client counts, where queueing hides service time.
+                .filter(|(c, p)| p.is_none() || (paced.is_some() && *c >= 1000))
+                .collect();
+            for (clients, pacing) in modes {
                 for query in [Query::Page, Query::Filtered] {
-                    let (mut lat, rps) = run_load(&base, protocol, query, clients, args.seconds).await?;
+                    let (mut lat, rps) = run_load(&base, protocol, query, clients, args.seconds, pacing).await?;
+                    let load = match pacing {
+                        None => format!("{clients} closed-loop"),
+                        Some(p) => format!("{clients} paced, 1 per {} ms", p.as_millis()),
+                    };
                     let row = vec![
                         n.to_string(),
                         if protocol == Protocol::Grpc { "gRPC".into() } else { "REST".into() },
                         query.name().into(),
-                        clients.to_string(),
+                        load,
                         format!("{rps:.0}"),
                         format!("{:.2}", lat.percentile_ms(50.0)),
                         format!("{:.2}", lat.percentile_ms(95.0)),
@@ -258,6 +289,8 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     print_table(&["agents", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors"], &rows);
+    println!();
+    println!("closed-loop: each client sends its next request as soon as the last one answers.");
     println!();
     print_table(&["agents", "server RSS after load (MiB)", "RSS after benchmark (MiB)", "peak RSS (MiB)"], &memory);
     Ok(())
