@@ -150,6 +150,14 @@ impl Registry {
         })?;
         let now = Utc::now();
         let page = query.run(snapshot.observed(self.policy, now));
+        tracing::debug!(
+            cache = ?source,
+            filters = ?query.filters_used(),
+            matched_agents = page.total_agents,
+            matched_reasoners = page.total_reasoners,
+            matched_skills = page.total_skills,
+            "filters applied"
+        );
         Ok((render(&page, now), source))
     }
 

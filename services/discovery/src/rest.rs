@@ -95,6 +95,12 @@ async fn capabilities(
 ) -> Response {
     let started = Instant::now();
     let metrics = state.registry.metrics();
+    tracing::debug!(
+        request_id,
+        operation = "list_capabilities",
+        filters = raw.as_deref().unwrap_or_default(),
+        "discovery request received"
+    );
     let (query, format) = match parse_query(raw.as_deref().unwrap_or_default()) {
         Ok(parsed) => parsed,
         Err(e) => {
