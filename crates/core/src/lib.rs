@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod health;
+pub mod index;
 pub mod pattern;
 pub mod query;
 pub mod schema;
@@ -12,6 +13,7 @@ pub mod validate;
 
 pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, Transport};
 pub use health::{HealthPolicy, HealthStatus, ReportedStatus};
+pub use index::CatalogIndex;
 pub use pattern::Pattern;
 pub use query::{CapabilityQuery, CatalogPage, MatchedAgent};
 pub use target::{InvocationTarget, TargetParseError};

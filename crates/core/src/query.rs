@@ -133,6 +133,51 @@ impl CapabilityQuery {
         used
     }
 
+    /// True when nothing narrows the catalog: every agent is listed and the
+    /// totals are the catalog's.
+    pub fn is_unfiltered(&self) -> bool {
+        self.agent_ids.is_empty()
+            && !self.has_capability_filter()
+            && self.health_status.is_none()
+            && self.exclude_agents.is_empty()
+    }
+
+    /// The page of an unfiltered query, given the agents of that page only
+    /// and the catalog's totals (see [`CatalogIndex`](crate::CatalogIndex)).
+    pub fn page_unfiltered<'a>(
+        &self,
+        page_agents: impl IntoIterator<Item = (&'a AgentRecord, HealthStatus, DateTime<Utc>)>,
+        total_agents: usize,
+        (total_reasoners, total_skills): (usize, usize),
+    ) -> CatalogPage<'a> {
+        let agents: Vec<MatchedAgent<'a>> = page_agents
+            .into_iter()
+            .take(self.limit)
+            .map(|(record, health, last_heartbeat)| {
+                let visible = |list: &'a [Capability]| -> Vec<&'a Capability> {
+                    list.iter().filter(|c| self.include_internal || !c.internal).collect()
+                };
+                let def = &record.definition;
+                MatchedAgent {
+                    record,
+                    health,
+                    last_heartbeat,
+                    reasoners: visible(&def.reasoners),
+                    skills: visible(&def.skills),
+                }
+            })
+            .collect();
+        CatalogPage {
+            has_more: self.offset + agents.len() < total_agents,
+            agents,
+            total_agents,
+            total_reasoners,
+            total_skills,
+            limit: self.limit,
+            offset: self.offset,
+        }
+    }
+
     fn has_capability_filter(&self) -> bool {
         self.reasoner.is_some() || self.skill.is_some() || !self.tags.is_empty()
     }

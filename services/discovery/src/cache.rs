@@ -7,10 +7,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use agentmesh_core::{AgentRecord, HealthPolicy, HealthStatus, ReportedStatus};
+use agentmesh_core::{
+    AgentRecord, CapabilityQuery, CatalogIndex, CatalogPage, HealthPolicy, HealthStatus, ReportedStatus,
+};
 use agentmesh_store::{AgentStore, StoreError};
 use chrono::{DateTime, Utc};
 
@@ -57,6 +59,8 @@ pub struct Snapshot {
     loaded_at: Instant,
     /// Approximate size in bytes of the cached agents.
     pub size_bytes: usize,
+    /// Built on first use, so that writes do not pay for it.
+    index: OnceLock<CatalogIndex>,
 }
 
 impl Snapshot {
@@ -66,7 +70,7 @@ impl Snapshot {
         let liveness =
             agents.iter().map(|a| Liveness::new(a.last_heartbeat.timestamp_millis(), a.reported_status)).collect();
         let size_bytes = agents.iter().map(|a| approximate_size(a)).sum();
-        Self { agents, liveness, generation, loaded_at: Instant::now(), size_bytes }
+        Self { agents, liveness, generation, loaded_at: Instant::now(), size_bytes, index: OnceLock::new() }
     }
 
     fn position(&self, id: &str) -> Result<usize, usize> {
@@ -100,6 +104,29 @@ impl Snapshot {
             let (at, reported) = self.live(i);
             (record.as_ref(), policy.derive(at, reported, now), at)
         })
+    }
+
+    fn index(&self) -> &CatalogIndex {
+        self.index.get_or_init(|| CatalogIndex::build(self.agents.iter().map(AsRef::as_ref)))
+    }
+
+    /// Runs a query: unfiltered queries build only their page, exact filters
+    /// look only at the agents the index names, the rest scan everything.
+    pub fn query<'a>(&'a self, query: &CapabilityQuery, policy: HealthPolicy, now: DateTime<Utc>) -> CatalogPage<'a> {
+        let observe = move |i: usize| {
+            let (at, reported) = self.live(i);
+            (self.agents[i].as_ref(), policy.derive(at, reported, now), at)
+        };
+        if query.is_unfiltered() {
+            let start = query.offset.min(self.agents.len());
+            let end = start.saturating_add(query.limit).min(self.agents.len());
+            let totals = self.index().totals(query.include_internal);
+            return query.page_unfiltered((start..end).map(observe), self.agents.len(), totals);
+        }
+        match self.index().candidates(query, |id| self.position(id).ok()) {
+            Some(positions) => query.run(positions.into_iter().map(observe)),
+            None => query.run(self.observed(policy, now)),
+        }
     }
 
     /// One agent with its liveness applied, and its health at `now`.
@@ -153,7 +180,14 @@ impl Snapshot {
         }
         entries.sort_by(|a, b| a.0.id().cmp(b.0.id()));
         let (agents, liveness) = entries.into_iter().unzip();
-        Self { agents, liveness, generation: self.generation, loaded_at: self.loaded_at, size_bytes }
+        Self {
+            agents,
+            liveness,
+            generation: self.generation,
+            loaded_at: self.loaded_at,
+            size_bytes,
+            index: OnceLock::new(),
+        }
     }
 }
 
@@ -486,6 +520,68 @@ mod tests {
         assert_eq!(ids(&s), ["b", "c", "d"], "the last change per agent wins");
         let rebuilt = Snapshot::new(s.agents.clone(), 0);
         assert_eq!(s.size_bytes, rebuilt.size_bytes, "incremental size matches a full count");
+    }
+
+    #[test]
+    fn indexed_queries_answer_like_a_full_scan() {
+        use agentmesh_core::Pattern;
+        let agent = |id: &str, caps: serde_json::Value| -> Arc<AgentRecord> {
+            let mut def = serde_json::json!({"id": id, "base_url": "http://a:1", "tags": [format!("team-{id}")]});
+            def["skills"] = caps;
+            let now = DateTime::from_timestamp_millis(1_700_000_000_000).unwrap_or_default();
+            Arc::new(AgentRecord {
+                definition: serde_json::from_value(def).unwrap(),
+                registered_at: now,
+                updated_at: now,
+                last_heartbeat: now,
+                reported_status: ReportedStatus::Active,
+            })
+        };
+        let agents: Vec<Arc<AgentRecord>> = (0..30)
+            .map(|i| {
+                agent(
+                    &format!("agent-{i:02}"),
+                    serde_json::json!([
+                        {"id": format!("s{}", i % 4), "tags": [format!("t{}", i % 5)]},
+                        {"id": "shared", "tags": ["all"], "internal": i % 7 == 0},
+                    ]),
+                )
+            })
+            .collect();
+        let s = Snapshot::new(agents, 0);
+        let policy = HealthPolicy::default();
+        let now = DateTime::from_timestamp_millis(1_700_000_001_000).unwrap_or_default();
+        let p = |v: &str| Some(Pattern::new(v));
+        let queries = vec![
+            CapabilityQuery::default(),
+            CapabilityQuery { offset: 25, limit: 10, ..Default::default() },
+            CapabilityQuery { include_internal: true, limit: 5, ..Default::default() },
+            CapabilityQuery {
+                agent_ids: vec!["agent-03".into(), "agent-03".into(), "nobody".into()],
+                ..Default::default()
+            },
+            CapabilityQuery { skill: p("s1"), ..Default::default() },
+            CapabilityQuery { skill: p("shared"), include_internal: true, ..Default::default() },
+            CapabilityQuery { skill: p("s*"), tags: vec![Pattern::new("t2")], ..Default::default() },
+            CapabilityQuery { tags: vec![Pattern::new("t1"), Pattern::new("team-agent-07")], ..Default::default() },
+            CapabilityQuery { reasoner: p("s1"), ..Default::default() },
+            CapabilityQuery { agent_ids: vec!["agent-04".into()], skill: p("s0"), ..Default::default() },
+            CapabilityQuery { exclude_agents: vec!["agent-00".into()], limit: 3, ..Default::default() },
+        ];
+        let view = |page: &CatalogPage<'_>| {
+            let ids: Vec<String> = page
+                .agents
+                .iter()
+                .flat_map(|a| a.skills.iter().map(move |c| format!("{}:{}", a.record.id(), c.id)))
+                .collect();
+            let agents: Vec<&str> = page.agents.iter().map(|a| a.record.id()).collect();
+            (ids, agents.join(","), page.total_agents, page.total_reasoners, page.total_skills, page.has_more)
+        };
+        for q in &queries {
+            let indexed = s.query(q, policy, now);
+            let scanned = q.run(s.observed(policy, now));
+            assert_eq!(view(&indexed), view(&scanned), "{q:?}");
+        }
     }
 
     #[test]

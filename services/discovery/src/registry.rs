@@ -149,7 +149,7 @@ impl Registry {
             DiscoveryError::from(e)
         })?;
         let now = Utc::now();
-        let page = query.run(snapshot.observed(self.policy, now));
+        let page = snapshot.query(query, self.policy, now);
         tracing::debug!(
             cache = ?source,
             filters = ?query.filters_used(),

@@ -38,6 +38,16 @@ struct Args {
     /// latency shows service time rather than queueing. 0 disables.
     #[arg(long, default_value_t = 1000)]
     paced_interval_ms: u64,
+    /// Queries to run: `page`, `filtered`.
+    #[arg(long, value_delimiter = ',', default_value = "page,filtered")]
+    queries: Vec<String>,
+    /// APIs to run: `grpc`, `rest`.
+    #[arg(long, value_delimiter = ',', default_value = "grpc,rest")]
+    apis: Vec<String>,
+    /// gRPC clients share this many HTTP/2 connections (0: one connection
+    /// per client), as gRPC clients that multiplex a channel do.
+    #[arg(long, default_value_t = 0)]
+    grpc_connections: usize,
     /// Registry database (default: a fresh SQLite file per catalog size).
     #[arg(long)]
     database_url: Option<String>,
@@ -161,7 +171,14 @@ async fn run_load(
     clients: usize,
     seconds: f64,
     paced: Option<Duration>,
+    grpc_connections: usize,
 ) -> anyhow::Result<(Latencies, f64)> {
+    let mut shared = Vec::new();
+    if protocol == Protocol::Grpc {
+        for _ in 0..grpc_connections {
+            shared.push(tonic::transport::Channel::from_shared(base.to_owned())?.connect().await?);
+        }
+    }
     let start = Instant::now() + Duration::from_millis(500);
     let end = start + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::with_capacity(clients);
@@ -170,11 +187,16 @@ async fn run_load(
         // Paced clients start spread evenly over one interval.
         let offset = paced.map_or(Duration::ZERO, |p| p.mul_f64(client_no as f64 / clients.max(1) as f64));
         let mut next = Instant::now() + offset;
+        let channel = (!shared.is_empty()).then(|| shared[client_no % shared.len()].clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
             match protocol {
                 Protocol::Grpc => {
-                    let mut client = DiscoveryServiceClient::connect(base).await?.max_decoding_message_size(64 << 20);
+                    let channel = match channel {
+                        Some(channel) => channel,
+                        None => tonic::transport::Channel::from_shared(base)?.connect().await?,
+                    };
+                    let mut client = DiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
                         let t0 = Instant::now();
@@ -246,18 +268,29 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(3)).await;
         reqwest::get(format!("{base}/api/v1/discovery/capabilities")).await?.error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
-        for protocol in [Protocol::Grpc, Protocol::Rest] {
+        let apis = [("grpc", Protocol::Grpc), ("rest", Protocol::Rest)];
+        for (_, protocol) in apis.into_iter().filter(|(name, _)| args.apis.iter().any(|a| a == name)) {
             let paced = (args.paced_interval_ms > 0).then(|| Duration::from_millis(args.paced_interval_ms));
             let modes: Vec<(usize, Option<Duration>)> = args
                 .clients
                 .iter()
                 .flat_map(|&c| [(c, None), (c, paced)])
                 // Pace only the largest client counts, where queueing hides service time.
-                .filter(|(c, p)| p.is_none() || (paced.is_some() && *c >= 1000))
+                .filter(|(c, p)| match p {
+                    None => true,
+                    Some(_) => *c >= 1000,
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .enumerate()
+                .filter(|(i, (_, p))| p.is_some() || paced.is_some() || i % 2 == 0)
+                .map(|(_, mode)| mode)
                 .collect();
             for (clients, pacing) in modes {
-                for query in [Query::Page, Query::Filtered] {
-                    let (mut lat, rps) = run_load(&base, protocol, query, clients, args.seconds, pacing).await?;
+                let queries = [("page", Query::Page), ("filtered", Query::Filtered)];
+                for (_, query) in queries.into_iter().filter(|(name, _)| args.queries.iter().any(|q| q == name)) {
+                    let (mut lat, rps) =
+                        run_load(&base, protocol, query, clients, args.seconds, pacing, args.grpc_connections).await?;
                     let load = match pacing {
                         None => format!("{clients} closed-loop"),
                         Some(p) => format!("{clients} paced, 1 per {} ms", p.as_millis()),
