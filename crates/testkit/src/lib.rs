@@ -8,12 +8,14 @@
 //! server that does not answer fails the test; elsewhere the test reports
 //! that it was skipped, loudly, and returns.
 
+mod llm;
 mod proxy;
 mod service;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply};
 pub use proxy::TcpProxy;
 pub use service::{RunningService, init_tracing, spawn_discovery};
 

@@ -1,0 +1,250 @@
+//! LLM providers. An [`LlmProvider`] completes a chat, optionally asking the
+//! model for JSON that fits a schema; providers differ in how (or whether)
+//! they can enforce it, which [`StructuredMode`] names.
+//!
+//! - [`openai::OpenAiCompatible`]: OpenAI chat completions and every server
+//!   speaking the same API (vLLM, Ollama, llama.cpp, llama-cpp-python,
+//!   LM Studio, Groq, DeepSeek…), with each structured-output dialect and
+//!   automatic fallback between them.
+//! - [`replay::ReplayProvider`]: scripted answers from a file, for tests and
+//!   the offline demo; it says so in its logs and in every completion.
+
+pub mod openai;
+pub mod replay;
+mod retry;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use retry::RetryPolicy;
+
+/// How a provider makes the model answer in JSON that fits a schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredMode {
+    /// OpenAI's `response_format: {"type": "json_schema", "json_schema": {...}}` (strict).
+    JsonSchema,
+    /// `response_format: {"type": "json_object", "schema": {...}}` (llama-cpp-python and others).
+    JsonObject,
+    /// A forced call of one function whose parameters are the schema.
+    Tool,
+    /// No enforcement: the schema is only described in the prompt.
+    None,
+}
+
+impl StructuredMode {
+    /// The order `auto` tries modes in, strongest first.
+    pub const AUTO_ORDER: [Self; 4] = [Self::JsonSchema, Self::JsonObject, Self::Tool, Self::None];
+
+    /// Lowercase name, as in `--llm-structured`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::JsonSchema => "json_schema",
+            Self::JsonObject => "json_object",
+            Self::Tool => "tool",
+            Self::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for StructuredMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which structured-output mode to use: one, or the first a server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StructuredSetting {
+    /// Try [`StructuredMode::AUTO_ORDER`], remembering what works per base URL.
+    #[default]
+    Auto,
+    /// Always this mode.
+    Fixed(StructuredMode),
+}
+
+impl std::str::FromStr for StructuredSetting {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "json_schema" => Ok(Self::Fixed(StructuredMode::JsonSchema)),
+            "json_object" => Ok(Self::Fixed(StructuredMode::JsonObject)),
+            "tool" => Ok(Self::Fixed(StructuredMode::Tool)),
+            "none" => Ok(Self::Fixed(StructuredMode::None)),
+            other => Err(format!(
+                "unknown structured-output mode `{other}`; use auto, json_schema, json_object, tool or none"
+            )),
+        }
+    }
+}
+
+/// Who said a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The request.
+    User,
+    /// An earlier answer.
+    Assistant,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who said it.
+    pub role: Role,
+    /// What was said.
+    pub content: String,
+}
+
+impl Message {
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self { role: Role::System, content: content.into() }
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self { role: Role::User, content: content.into() }
+    }
+}
+
+/// How hard a reasoning model should think.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningEffort {
+    /// As little as possible.
+    Minimal,
+    /// Low.
+    Low,
+    /// Medium.
+    Medium,
+    /// High.
+    High,
+}
+
+impl ReasoningEffort {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
+}
+
+/// A schema the answer must fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseSchema {
+    /// A short name (`[A-Za-z0-9_-]`), e.g. `plan`.
+    pub name: String,
+    /// The JSON Schema.
+    pub schema: Value,
+}
+
+/// A completion request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CompletionRequest {
+    /// The conversation, system message first.
+    pub messages: Vec<Message>,
+    /// Sampling temperature (ignored by reasoning models).
+    pub temperature: Option<f32>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<u32>,
+    /// JSON the answer must fit, when wanted.
+    pub response_schema: Option<ResponseSchema>,
+    /// Reasoning effort, for models that take one.
+    pub reasoning_effort: Option<ReasoningEffort>,
+}
+
+/// Tokens used by a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+}
+
+/// A completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The answer (for the tool mode, the function arguments).
+    pub text: String,
+    /// Provider name (`openai`, `replay`, …).
+    pub provider: String,
+    /// Model that answered.
+    pub model: String,
+    /// Structured-output mode used, if a schema was asked for.
+    pub structured_mode: Option<StructuredMode>,
+    /// Token usage, when reported.
+    pub usage: Usage,
+    /// Wall time of the call, retries included.
+    pub latency: Duration,
+}
+
+/// Why a completion failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// The server rejected the request itself (4xx other than 401/403/408/429):
+    /// retrying or moving to another provider will not help.
+    #[error("the LLM server rejected the request (HTTP {status}): {body}")]
+    BadRequest {
+        /// HTTP status.
+        status: u16,
+        /// Response body (truncated).
+        body: String,
+    },
+    /// Credentials missing or refused.
+    #[error("the LLM server refused the credentials (HTTP {status}); check the API key environment variable")]
+    Auth {
+        /// HTTP status.
+        status: u16,
+    },
+    /// Rate limiting, server errors or timeouts that outlasted the retries.
+    #[error("the LLM server is unavailable after {attempts} attempts: {message}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: u32,
+        /// Last failure.
+        message: String,
+    },
+    /// The answer could not be read.
+    #[error("the LLM answer could not be read: {0}")]
+    InvalidResponse(String),
+    /// Configuration problem.
+    #[error("LLM configuration: {0}")]
+    Config(String),
+}
+
+impl LlmError {
+    /// Whether a fallback chain should try the next provider: timeouts, 5xx
+    /// and auth failures, never a request the server called bad.
+    pub fn should_fall_back(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::Auth { .. })
+    }
+}
+
+/// A source of completions.
+#[async_trait]
+pub trait LlmProvider: Send + Sync {
+    /// Provider name (`openai`, `replay`, …).
+    fn name(&self) -> &str;
+    /// Model used when the request names none.
+    fn model(&self) -> &str;
+    /// The structured-output mode this provider will use next for a schema
+    /// (after `auto` has settled, the one that worked).
+    fn structured_mode(&self) -> Option<StructuredMode>;
+    /// Completes a chat.
+    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError>;
+}

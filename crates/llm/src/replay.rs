@@ -1,0 +1,143 @@
+//! The replay provider: answers from a file of scripted responses, for tests
+//! and the offline demo. It never pretends to be a model: it logs a warning
+//! when created and every completion names `replay` as provider and model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use crate::{Completion, CompletionRequest, LlmError, LlmProvider, Role, StructuredMode, Usage};
+
+/// One scripted answer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ReplayEntry {
+    /// Answered in turn.
+    Text(String),
+    /// Answered when the user messages contain `match` (or in turn without it).
+    Scripted {
+        /// Substring of the user messages that selects this answer.
+        #[serde(default, rename = "match")]
+        matches: Option<String>,
+        /// The answer.
+        text: String,
+        /// Serve it every time it matches instead of once.
+        #[serde(default)]
+        repeat: bool,
+    },
+}
+
+impl ReplayEntry {
+    fn parts(&self) -> (Option<&str>, &str, bool) {
+        match self {
+            Self::Text(text) => (None, text, false),
+            Self::Scripted { matches, text, repeat } => (matches.as_deref(), text, *repeat),
+        }
+    }
+}
+
+/// Scripted completions from a JSON file: an array of entries (strings, or
+/// objects with `text` and optional `match` and `repeat`).
+pub struct ReplayProvider {
+    source: PathBuf,
+    entries: Vec<ReplayEntry>,
+    used: Mutex<Vec<bool>>,
+}
+
+impl ReplayProvider {
+    /// Loads a script file.
+    pub fn from_file(path: &Path) -> Result<Self, LlmError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LlmError::Config(format!("cannot read replay script {}: {e}", path.display())))?;
+        let entries: Vec<ReplayEntry> = serde_json::from_str(&text).map_err(|e| {
+            LlmError::Config(format!("replay script {} is not a JSON array of answers: {e}", path.display()))
+        })?;
+        Ok(Self::new(path.to_owned(), entries))
+    }
+
+    /// A provider over entries held in memory (`source` names them in logs).
+    pub fn new(source: PathBuf, entries: Vec<ReplayEntry>) -> Self {
+        tracing::warn!(source = %source.display(), answers = entries.len(), "replay LLM provider: answers are scripted, no model is called");
+        let used = Mutex::new(vec![false; entries.len()]);
+        Self { source, entries, used }
+    }
+}
+
+#[async_trait]
+impl LlmProvider for ReplayProvider {
+    fn name(&self) -> &str {
+        "replay"
+    }
+
+    fn model(&self) -> &str {
+        "replay"
+    }
+
+    fn structured_mode(&self) -> Option<StructuredMode> {
+        None
+    }
+
+    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+        let started = Instant::now();
+        let prompt: String = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut used = self.used.lock().map_err(|_| LlmError::Config("replay state poisoned".into()))?;
+        let pick = self.entries.iter().enumerate().find(|(i, entry)| {
+            let (matches, _, repeat) = entry.parts();
+            (repeat || !used[*i]) && matches.is_none_or(|m| prompt.contains(m))
+        });
+        let Some((i, entry)) = pick else {
+            return Err(LlmError::InvalidResponse(format!(
+                "replay script {} has no answer left for this request",
+                self.source.display()
+            )));
+        };
+        used[i] = true;
+        Ok(Completion {
+            text: entry.parts().1.to_owned(),
+            provider: "replay".into(),
+            model: "replay".into(),
+            structured_mode: None,
+            usage: Usage::default(),
+            latency: started.elapsed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+
+    fn ask(p: &ReplayProvider, text: &str) -> Result<String, LlmError> {
+        let request = CompletionRequest { messages: vec![Message::user(text)], ..Default::default() };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| LlmError::Config(e.to_string()))?
+            .block_on(p.complete(&request))
+            .map(|c| c.text)
+    }
+
+    #[test]
+    fn answers_in_turn_by_match_and_says_when_exhausted() {
+        let entries: Vec<ReplayEntry> = serde_json::from_str(
+            r#"["first", {"match": "weather", "text": "sunny", "repeat": true}, {"text": "second"}]"#,
+        )
+        .unwrap();
+        let p = ReplayProvider::new("inline".into(), entries);
+        assert_eq!(ask(&p, "weather in Chicago").unwrap(), "first");
+        assert_eq!(ask(&p, "weather in Chicago").unwrap(), "sunny");
+        assert_eq!(ask(&p, "weather again").unwrap(), "sunny");
+        assert_eq!(ask(&p, "something else").unwrap(), "second");
+        let err = ask(&p, "more").unwrap_err().to_string();
+        assert!(err.contains("no answer left"), "{err}");
+    }
+}

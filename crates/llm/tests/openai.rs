@@ -1,0 +1,185 @@
+//! The OpenAI-compatible provider against a scripted server speaking the
+//! chat completions wire format: request bodies per structured-output
+//! dialect, `auto` fallback, reasoning models, retries and errors.
+
+use std::time::Duration;
+
+use agentmesh_llm::openai::{OpenAiCompatible, OpenAiConfig};
+use agentmesh_llm::{
+    CompletionRequest, LlmError, LlmProvider, Message, ReasoningEffort, ResponseSchema, RetryPolicy, StructuredMode,
+    StructuredSetting,
+};
+use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};
+use serde_json::json;
+
+fn plan_request() -> CompletionRequest {
+    CompletionRequest {
+        messages: vec![Message::system("You plan."), Message::user("Weather in Chicago?")],
+        temperature: Some(0.2),
+        max_tokens: Some(256),
+        response_schema: Some(ResponseSchema {
+            name: "plan".into(),
+            schema: json!({"type": "object", "properties": {"steps": {"type": "array"}}, "required": ["steps"], "additionalProperties": false}),
+        }),
+        reasoning_effort: None,
+    }
+}
+
+fn provider(server: &ScriptedLlmServer, model: &str, structured: StructuredSetting) -> OpenAiCompatible {
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), model);
+    config.structured = structured;
+    config.api_key = Some("sk-test-secret".into());
+    config.retry =
+        RetryPolicy { max_retries: 2, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
+    OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn json_schema_mode_sends_strict_response_format_and_reads_usage() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::openai_content(r#"{"steps": []}"#)]).await.unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Fixed(StructuredMode::JsonSchema));
+    let c = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.text, r#"{"steps": []}"#);
+    assert_eq!((c.usage.prompt_tokens, c.usage.completion_tokens), (12, 7));
+    assert_eq!(c.structured_mode, Some(StructuredMode::JsonSchema));
+    assert_eq!(c.model, "scripted-model");
+    let sent = &server.requests()[0];
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(sent.header("authorization"), Some("Bearer sk-test-secret"));
+    assert_eq!(sent.body["model"], "gpt-4o-mini");
+    assert_eq!(sent.body["temperature"], json!(0.2f32));
+    assert_eq!(sent.body["max_tokens"], 256);
+    assert_eq!(sent.body["messages"][0], json!({"role": "system", "content": "You plan."}));
+    assert_eq!(sent.body["response_format"]["type"], "json_schema");
+    assert_eq!(sent.body["response_format"]["json_schema"]["name"], "plan");
+    assert_eq!(sent.body["response_format"]["json_schema"]["strict"], true);
+    assert_eq!(sent.body["response_format"]["json_schema"]["schema"]["required"], json!(["steps"]));
+}
+
+#[tokio::test]
+async fn json_object_mode_uses_the_llama_cpp_python_dialect() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::openai_content("{}")]).await.unwrap();
+    let p = provider(&server, "smollm2", StructuredSetting::Fixed(StructuredMode::JsonObject));
+    p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    let body = &server.requests()[0].body;
+    assert_eq!(body["response_format"]["type"], "json_object");
+    assert_eq!(body["response_format"]["schema"]["required"], json!(["steps"]));
+    assert!(body.get("tools").is_none());
+}
+
+#[tokio::test]
+async fn tool_mode_forces_one_function_and_reads_its_arguments() {
+    let server =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_tool_call("plan", r#"{"steps": [1]}"#)]).await.unwrap();
+    let p = provider(&server, "llama3", StructuredSetting::Fixed(StructuredMode::Tool));
+    let c = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.text, r#"{"steps": [1]}"#);
+    let body = &server.requests()[0].body;
+    assert_eq!(body["tools"][0]["type"], "function");
+    assert_eq!(body["tools"][0]["function"]["name"], "plan");
+    assert_eq!(body["tools"][0]["function"]["parameters"]["required"], json!(["steps"]));
+    assert_eq!(body["tool_choice"], json!({"type": "function", "function": {"name": "plan"}}));
+    assert!(body.get("response_format").is_none());
+}
+
+#[tokio::test]
+async fn none_mode_describes_the_schema_in_the_prompt_only() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::openai_content("{}")]).await.unwrap();
+    let p = provider(&server, "tiny", StructuredSetting::Fixed(StructuredMode::None));
+    p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    let body = &server.requests()[0].body;
+    assert!(body.get("response_format").is_none() && body.get("tools").is_none());
+    let last = body["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or_default();
+    assert_eq!(last["role"], "system");
+    assert!(last["content"].as_str().unwrap_or_default().contains(r#""required":["steps"]"#));
+}
+
+#[tokio::test]
+async fn auto_falls_back_from_a_rejected_mode_and_remembers_per_server() {
+    let rejected =
+        json!({"error": {"message": "Unsupported response_format type json_schema", "type": "internal_server_error"}});
+    let server = ScriptedLlmServer::start(vec![
+        // llama-cpp-python answers json_schema with an HTTP 500 naming response_format.
+        ScriptedReply::error(500, rejected),
+        ScriptedReply::openai_content(r#"{"steps": []}"#),
+        ScriptedReply::openai_content(r#"{"steps": ["again"]}"#),
+    ])
+    .await
+    .unwrap();
+    let p = provider(&server, "smollm2", StructuredSetting::Auto);
+    let first = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first.structured_mode, Some(StructuredMode::JsonObject));
+    assert_eq!(p.structured_mode(), Some(StructuredMode::JsonObject));
+    let second = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(second.text, r#"{"steps": ["again"]}"#);
+    let modes: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("-").to_owned())
+        .collect();
+    assert_eq!(modes, ["json_schema", "json_object", "json_object"], "the mode that worked is used first next time");
+}
+
+#[tokio::test]
+async fn reasoning_models_get_max_completion_tokens_and_effort_without_temperature() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::openai_content("ok")]).await.unwrap();
+    let p = provider(&server, "o3-mini", StructuredSetting::Auto);
+    let request = CompletionRequest {
+        messages: vec![Message::user("hi")],
+        temperature: Some(0.7),
+        max_tokens: Some(100),
+        response_schema: None,
+        reasoning_effort: Some(ReasoningEffort::Low),
+    };
+    p.complete(&request).await.unwrap_or_else(|e| panic!("{e}"));
+    let body = &server.requests()[0].body;
+    assert_eq!(body["max_completion_tokens"], 100);
+    assert_eq!(body["reasoning_effort"], "low");
+    assert!(body.get("temperature").is_none() && body.get("max_tokens").is_none());
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_are_retried_honouring_retry_after() {
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::error(429, json!({"error": {"message": "slow down"}})).with_header("retry-after", "0"),
+        ScriptedReply::error(503, json!({"error": {"message": "overloaded"}})),
+        ScriptedReply::openai_content("fine"),
+    ])
+    .await
+    .unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Auto);
+    let c = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    assert_eq!(c.map(|c| c.text).unwrap_or_else(|e| panic!("{e}")), "fine");
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn exhausted_retries_are_unavailable_and_a_bad_request_is_final() {
+    let down = ScriptedLlmServer::start(vec![ScriptedReply::error(502, json!({})); 3]).await.unwrap();
+    let p = provider(&down, "gpt-4o-mini", StructuredSetting::Auto);
+    let err = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    let err = err.err().unwrap_or_else(|| panic!("succeeded"));
+    assert!(matches!(err, LlmError::Unavailable { attempts: 3, .. }), "{err}");
+    assert!(err.should_fall_back());
+    assert_eq!(down.requests().len(), 3);
+
+    let bad = ScriptedLlmServer::start(vec![ScriptedReply::error(
+        400,
+        json!({"error": {"message": "messages is required"}}),
+    )])
+    .await
+    .unwrap();
+    let p = provider(&bad, "gpt-4o-mini", StructuredSetting::Auto);
+    let err = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    let err = err.err().unwrap_or_else(|| panic!("succeeded"));
+    assert!(matches!(err, LlmError::BadRequest { status: 400, .. }), "{err}");
+    assert!(!err.should_fall_back(), "a 400 about the request itself never moves down the chain");
+    assert_eq!(bad.requests().len(), 1, "not retried");
+
+    let auth = ScriptedLlmServer::start(vec![ScriptedReply::error(401, json!({"error": "bad key"}))]).await.unwrap();
+    let p = provider(&auth, "gpt-4o-mini", StructuredSetting::Auto);
+    let err = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    let err = err.err().unwrap_or_else(|| panic!("succeeded"));
+    assert!(matches!(err, LlmError::Auth { status: 401 }));
+    assert!(!err.to_string().contains("sk-test-secret"), "keys never appear in errors");
+}
