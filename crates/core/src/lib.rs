@@ -6,6 +6,7 @@ pub mod agent;
 pub mod health;
 pub mod index;
 pub mod pattern;
+pub mod plan;
 pub mod query;
 pub mod schema;
 pub mod target;

@@ -1,0 +1,650 @@
+//! Plans (the plan JSON contract): parsing that tolerates Markdown fences and
+//! prose around the JSON, and validation against the exact set of
+//! capabilities shown to the model for this request.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::agent::CapabilityKind;
+use crate::schema::validate_instance;
+
+/// A plan: what the planning LLM must emit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Short reasoning, or why nothing can be done (zero steps).
+    #[serde(default)]
+    pub reasoning: String,
+    /// Steps; none is a valid plan ("nothing available can do this").
+    #[serde(default)]
+    pub steps: Vec<PlanStep>,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanStep {
+    /// Unique id within the plan.
+    pub step_id: String,
+    /// Agent id (exact).
+    pub agent: String,
+    /// Reasoner or skill id of that agent (exact).
+    pub capability: String,
+    /// What the step should achieve.
+    #[serde(default)]
+    pub instruction: String,
+    /// Input, validated against the capability's input schema.
+    #[serde(default = "empty_object")]
+    pub parameters: Value,
+    /// Steps that must succeed first.
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// Why an answer is not a plan at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanParseError {
+    /// No JSON object anywhere in the answer.
+    #[error("the answer contains no JSON object; reply with the plan as one JSON object")]
+    NoJson,
+    /// The JSON is malformed.
+    #[error("the plan is not valid JSON: {0}")]
+    Syntax(String),
+    /// Valid JSON, wrong shape.
+    #[error("the plan does not have the expected shape at `{path}`: {message}")]
+    Shape {
+        /// Where.
+        path: String,
+        /// What.
+        message: String,
+    },
+}
+
+/// The JSON object in an answer: inside a Markdown fence, or the outermost
+/// `{…}` of the text when there is prose around it.
+pub fn extract_json(answer: &str) -> Option<&str> {
+    if let Some(start) = answer.find("```") {
+        let after = &answer[start + 3..];
+        let body_start = after.find('\n').map_or(0, |i| i + 1);
+        if let Some(end) = after[body_start..].find("```") {
+            let fenced = after[body_start..body_start + end].trim();
+            if fenced.starts_with('{') {
+                return Some(fenced);
+            }
+        }
+    }
+    let start = answer.find('{')?;
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in answer[start..].char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '{' if !in_string => depth += 1,
+            '}' if !in_string => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&answer[start..start + i + 1]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Parses a plan from a model's answer.
+pub fn parse_plan(answer: &str) -> Result<Plan, PlanParseError> {
+    let json = extract_json(answer).ok_or(PlanParseError::NoJson)?;
+    let value: Value = serde_json::from_str(json).map_err(|e| PlanParseError::Syntax(e.to_string()))?;
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| PlanParseError::Shape { path: e.path().to_string(), message: e.inner().to_string() })
+}
+
+/// A capability the model was shown, and may therefore use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllowedCapability {
+    /// Agent id.
+    pub agent: String,
+    /// Capability id.
+    pub capability: String,
+    /// Reasoner or skill.
+    pub kind: CapabilityKind,
+    /// What it does.
+    pub description: String,
+    /// Its input schema.
+    pub input_schema: Option<Value>,
+}
+
+/// One way a plan is invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanError {
+    /// The agent was not in the set shown.
+    UnknownAgent {
+        /// Step.
+        step: String,
+        /// Agent named.
+        agent: String,
+        /// An allowed agent differing only in case.
+        did_you_mean: Option<String>,
+    },
+    /// The agent was shown, but not with this capability.
+    UnknownCapability {
+        /// Step.
+        step: String,
+        /// Agent.
+        agent: String,
+        /// Capability named.
+        capability: String,
+        /// The agent's allowed capabilities.
+        available: Vec<String>,
+    },
+    /// A step id is empty, too long, or has characters outside `[A-Za-z0-9_-]`.
+    InvalidStepId {
+        /// Step id.
+        step: String,
+    },
+    /// Two steps share an id.
+    DuplicateStepId {
+        /// Step id.
+        step: String,
+    },
+    /// A step depends on itself.
+    SelfDependency {
+        /// Step.
+        step: String,
+    },
+    /// A step depends on a step that does not exist.
+    UnknownDependency {
+        /// Step.
+        step: String,
+        /// Dependency named.
+        dependency: String,
+    },
+    /// The steps depend on each other in a loop.
+    Cycle {
+        /// Steps on or behind the loop.
+        steps: Vec<String>,
+    },
+    /// Parameters do not fit the capability's input schema.
+    InvalidParameters {
+        /// Step.
+        step: String,
+        /// Each violation, `"<pointer>: <message>"`.
+        errors: Vec<String>,
+    },
+    /// A `{{step.output…}}` reference names a step outside `depends_on`.
+    ReferenceOutsideDependencies {
+        /// Step.
+        step: String,
+        /// The reference.
+        reference: String,
+    },
+}
+
+impl PlanError {
+    /// True for a model naming an agent or capability it was not shown.
+    pub fn is_hallucination(&self) -> bool {
+        matches!(self, Self::UnknownAgent { .. } | Self::UnknownCapability { .. })
+    }
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownAgent { step, agent, did_you_mean: Some(exact) } => write!(
+                f,
+                "step {step}: agent `{agent}` is not available; ids are case-sensitive, did you mean `{exact}`?"
+            ),
+            Self::UnknownAgent { step, agent, did_you_mean: None } => {
+                write!(f, "step {step}: agent `{agent}` is not available; use only the agents listed")
+            }
+            Self::UnknownCapability { step, agent, capability, available } => write!(
+                f,
+                "step {step}: agent `{agent}` has no capability `{capability}`; it offers: {}",
+                available.join(", ")
+            ),
+            Self::InvalidStepId { step } => {
+                write!(f, "step id `{step}` must be 1-64 characters of letters, digits, `_` or `-`")
+            }
+            Self::DuplicateStepId { step } => write!(f, "step id `{step}` is used more than once"),
+            Self::SelfDependency { step } => write!(f, "step {step} depends on itself"),
+            Self::UnknownDependency { step, dependency } => {
+                write!(f, "step {step} depends on `{dependency}`, which is not a step of this plan")
+            }
+            Self::Cycle { steps } => write!(f, "steps {} depend on each other in a cycle", steps.join(", ")),
+            Self::InvalidParameters { step, errors } => {
+                write!(f, "step {step}: parameters do not match the input schema: {}", errors.join("; "))
+            }
+            Self::ReferenceOutsideDependencies { step, reference } => {
+                write!(f, "step {step} uses `{{{{{reference}}}}}` but does not list that step in depends_on")
+            }
+        }
+    }
+}
+
+/// A parameter reference `{{step.output.path}}`: the step id and the text.
+fn references(value: &Value, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(s) => {
+            let mut rest = s.as_str();
+            while let Some(open) = rest.find("{{") {
+                let Some(close) = rest[open + 2..].find("}}") else { break };
+                let inner = rest[open + 2..open + 2 + close].trim();
+                let mut parts = inner.splitn(3, '.');
+                if let (Some(step), Some("output")) = (parts.next(), parts.next()) {
+                    out.push((step.to_owned(), inner.to_owned()));
+                }
+                rest = &rest[open + 2 + close + 2..];
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| references(v, out)),
+        Value::Object(map) => map.values().for_each(|v| references(v, out)),
+        _ => {}
+    }
+}
+
+/// Pointers of values that are exactly one reference (their type is known
+/// only at run time, so the schema cannot check them).
+fn exact_reference_pointers(value: &Value, pointer: String, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => {
+            let t = s.trim();
+            if t.starts_with("{{") && t.ends_with("}}") && t.matches("{{").count() == 1 {
+                out.push(if pointer.is_empty() { "/".into() } else { pointer });
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                exact_reference_pointers(v, format!("{pointer}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                exact_reference_pointers(v, format!("{pointer}/{}", k.replace('~', "~0").replace('/', "~1")), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Safe coercions: `"5"` to 5 where the schema says integer or number,
+/// `"true"` to true where it says boolean; top-level properties only.
+fn coerce(parameters: &mut Value, schema: &Value) {
+    let (Some(params), Some(props)) = (parameters.as_object_mut(), schema.get("properties").and_then(Value::as_object))
+    else {
+        return;
+    };
+    for (name, value) in params.iter_mut() {
+        let (Some(text), Some(kind)) =
+            (value.as_str(), props.get(name).and_then(|p| p.get("type")).and_then(Value::as_str))
+        else {
+            continue;
+        };
+        let text = text.trim();
+        let coerced = match kind {
+            "integer" => text.parse::<i64>().ok().map(Value::from),
+            "number" => text.parse::<f64>().ok().filter(|n| n.is_finite()).and_then(|n| {
+                if n.fract() == 0.0 && text.parse::<i64>().is_ok() {
+                    text.parse::<i64>().ok().map(Value::from)
+                } else {
+                    serde_json::Number::from_f64(n).map(Value::Number)
+                }
+            }),
+            "boolean" => match text {
+                "true" => Some(Value::Bool(true)),
+                "false" => Some(Value::Bool(false)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(coerced) = coerced {
+            *value = coerced;
+        }
+    }
+}
+
+fn valid_step_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Validates a plan against the capabilities shown for this request; on
+/// success returns it with parameters safely coerced. Every error is
+/// reported, hallucinations first.
+pub fn validate_plan(plan: &Plan, allowed: &[AllowedCapability]) -> Result<Plan, Vec<PlanError>> {
+    let mut errors = Vec::new();
+    let mut plan = plan.clone();
+    let by_pair: HashMap<(&str, &str), &AllowedCapability> =
+        allowed.iter().map(|a| ((a.agent.as_str(), a.capability.as_str()), a)).collect();
+    let agents: HashSet<&str> = allowed.iter().map(|a| a.agent.as_str()).collect();
+    let step_ids: HashSet<String> = plan.steps.iter().map(|s| s.step_id.clone()).collect();
+
+    let mut seen = HashSet::new();
+    for step in &plan.steps {
+        if !valid_step_id(&step.step_id) {
+            errors.push(PlanError::InvalidStepId { step: step.step_id.clone() });
+        } else if !seen.insert(step.step_id.clone()) {
+            errors.push(PlanError::DuplicateStepId { step: step.step_id.clone() });
+        }
+    }
+    for step in plan.steps.iter_mut() {
+        let id = step.step_id.clone();
+        match by_pair.get(&(step.agent.as_str(), step.capability.as_str())) {
+            None if !agents.contains(step.agent.as_str()) => errors.push(PlanError::UnknownAgent {
+                step: id.clone(),
+                did_you_mean: agents.iter().find(|a| a.eq_ignore_ascii_case(&step.agent)).map(|a| (*a).to_owned()),
+                agent: step.agent.clone(),
+            }),
+            None => errors.push(PlanError::UnknownCapability {
+                step: id.clone(),
+                agent: step.agent.clone(),
+                capability: step.capability.clone(),
+                available: allowed.iter().filter(|a| a.agent == step.agent).map(|a| a.capability.clone()).collect(),
+            }),
+            Some(cap) => {
+                if !step.parameters.is_object() {
+                    errors.push(PlanError::InvalidParameters {
+                        step: id.clone(),
+                        errors: vec!["/: parameters must be a JSON object".into()],
+                    });
+                } else if let Some(schema) = &cap.input_schema {
+                    coerce(&mut step.parameters, schema);
+                    let mut skip = Vec::new();
+                    exact_reference_pointers(&step.parameters, String::new(), &mut skip);
+                    let violations: Vec<String> = validate_instance(schema, &step.parameters)
+                        .into_iter()
+                        .filter(|e| !skip.iter().any(|p| e.starts_with(&format!("{p}:"))))
+                        .collect();
+                    if !violations.is_empty() {
+                        errors.push(PlanError::InvalidParameters { step: id.clone(), errors: violations });
+                    }
+                }
+            }
+        }
+        for dep in &step.depends_on {
+            if *dep == id {
+                errors.push(PlanError::SelfDependency { step: id.clone() });
+            } else if !step_ids.contains(dep) {
+                errors.push(PlanError::UnknownDependency { step: id.clone(), dependency: dep.clone() });
+            }
+        }
+        let mut refs = Vec::new();
+        references(&step.parameters, &mut refs);
+        for (target, reference) in refs {
+            if !step.depends_on.contains(&target) {
+                errors.push(PlanError::ReferenceOutsideDependencies { step: id.clone(), reference });
+            }
+        }
+    }
+    if let Some(cycle) = cycle(&plan.steps) {
+        errors.push(PlanError::Cycle { steps: cycle });
+    }
+    errors.sort_by_key(|e| !e.is_hallucination());
+    if errors.is_empty() { Ok(plan) } else { Err(errors) }
+}
+
+/// Steps left over by a topological sort (a cycle and what hangs on it),
+/// ignoring self-dependencies and unknown ones (reported separately).
+fn cycle(steps: &[PlanStep]) -> Option<Vec<String>> {
+    let ids: HashSet<&str> = steps.iter().map(|s| s.step_id.as_str()).collect();
+    let mut pending: HashMap<&str, HashSet<&str>> = steps
+        .iter()
+        .map(|s| {
+            let deps = s.depends_on.iter().map(String::as_str).filter(|d| *d != s.step_id && ids.contains(d)).collect();
+            (s.step_id.as_str(), deps)
+        })
+        .collect();
+    loop {
+        let ready: Vec<&str> = pending.iter().filter(|(_, deps)| deps.is_empty()).map(|(id, _)| *id).collect();
+        if ready.is_empty() {
+            break;
+        }
+        for id in &ready {
+            pending.remove(id);
+        }
+        for deps in pending.values_mut() {
+            for id in &ready {
+                deps.remove(id);
+            }
+        }
+    }
+    if pending.is_empty() {
+        return None;
+    }
+    let mut left: Vec<String> = pending.keys().map(|s| (*s).to_owned()).collect();
+    left.sort();
+    Some(left)
+}
+
+/// The schema sent with a planning call: every step is one of the allowed
+/// `(agent, capability)` pairs, with that capability's own input schema as
+/// its `parameters`, so a constrained model cannot name anything else.
+pub fn plan_schema(allowed: &[AllowedCapability]) -> Value {
+    let id = serde_json::json!({"type": "string", "pattern": "^s[0-9]{1,3}$"});
+    let branches: Vec<Value> = allowed
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["step_id", "agent", "capability", "instruction", "parameters", "depends_on"],
+                "properties": {
+                    "step_id": id,
+                    "agent": {"type": "string", "const": a.agent},
+                    "capability": {"type": "string", "const": a.capability},
+                    "instruction": {"type": "string"},
+                    "parameters": a.input_schema.clone().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                    "depends_on": {"type": "array", "items": id},
+                }
+            })
+        })
+        .collect();
+    let step = if branches.is_empty() {
+        serde_json::json!({"type": "object"})
+    } else {
+        serde_json::json!({"anyOf": branches})
+    };
+    let max_items = if allowed.is_empty() { 0 } else { 20 };
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["reasoning", "steps"],
+        "properties": {
+            "reasoning": {"type": "string"},
+            "steps": {"type": "array", "items": step, "maxItems": max_items}
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn weather() -> AllowedCapability {
+        AllowedCapability {
+            agent: "weather-tool-v2".into(),
+            capability: "get_current_weather".into(),
+            kind: CapabilityKind::Skill,
+            description: "Current weather for a location".into(),
+            input_schema: Some(
+                json!({"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"], "additionalProperties": false}),
+            ),
+        }
+    }
+
+    fn math() -> AllowedCapability {
+        AllowedCapability {
+            agent: "calculation-agent".into(),
+            capability: "evaluate".into(),
+            kind: CapabilityKind::Reasoner,
+            description: "Evaluates arithmetic".into(),
+            input_schema: Some(
+                json!({"type": "object", "properties": {"expression": {"type": "string"}, "precision": {"type": "integer"}, "exact": {"type": "boolean"}}, "required": ["expression"]}),
+            ),
+        }
+    }
+
+    fn step(id: &str, agent: &str, capability: &str, parameters: Value, depends_on: &[&str]) -> PlanStep {
+        PlanStep {
+            step_id: id.into(),
+            agent: agent.into(),
+            capability: capability.into(),
+            instruction: String::new(),
+            parameters,
+            depends_on: depends_on.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn errors(steps: Vec<PlanStep>) -> Vec<PlanError> {
+        validate_plan(&Plan { reasoning: String::new(), steps }, &[weather(), math()]).expect_err("invalid")
+    }
+
+    #[test]
+    fn a_hallucinated_agent_is_rejected_against_the_set_shown() {
+        let e = errors(vec![step("s1", "time-tool-v1", "get_time", json!({}), &[])]);
+        assert_eq!(e.len(), 1);
+        assert!(e[0].is_hallucination());
+        assert!(e[0].to_string().contains("`time-tool-v1` is not available"), "{}", e[0]);
+        let e = errors(vec![step("s1", "weather-tool-v2", "get_forecast", json!({}), &[])]);
+        assert!(
+            matches!(&e[0], PlanError::UnknownCapability { available, .. } if available == &["get_current_weather"])
+        );
+    }
+
+    #[test]
+    fn ids_are_exact_case_with_a_hint() {
+        let e = errors(vec![step("s1", "Weather-Tool-V2", "get_current_weather", json!({"location": "x"}), &[])]);
+        assert_eq!(
+            e[0],
+            PlanError::UnknownAgent {
+                step: "s1".into(),
+                agent: "Weather-Tool-V2".into(),
+                did_you_mean: Some("weather-tool-v2".into())
+            }
+        );
+    }
+
+    #[test]
+    fn parameters_are_checked_and_safely_coerced() {
+        let e = errors(vec![step("s1", "weather-tool-v2", "get_current_weather", json!({"expression": "2+2"}), &[])]);
+        let PlanError::InvalidParameters { errors: violations, .. } = &e[0] else { panic!("{e:?}") };
+        assert!(violations.iter().any(|m| m.contains("location")), "{violations:?}");
+        let ok = validate_plan(
+            &Plan {
+                reasoning: String::new(),
+                steps: vec![step(
+                    "s1",
+                    "calculation-agent",
+                    "evaluate",
+                    json!({"expression": "1/3", "precision": "5", "exact": "true"}),
+                    &[],
+                )],
+            },
+            &[math()],
+        )
+        .expect("coerced");
+        assert_eq!(ok.steps[0].parameters, json!({"expression": "1/3", "precision": 5, "exact": true}));
+        let e = errors(vec![step(
+            "s1",
+            "calculation-agent",
+            "evaluate",
+            json!({"expression": "x", "precision": "five"}),
+            &[],
+        )]);
+        assert!(matches!(&e[0], PlanError::InvalidParameters { .. }));
+        let e = errors(vec![step("s1", "calculation-agent", "evaluate", json!("x"), &[])]);
+        assert!(matches!(&e[0], PlanError::InvalidParameters { .. }));
+    }
+
+    #[test]
+    fn graph_errors_self_dependency_cycles_unknown_and_duplicates() {
+        let w = |id: &str, deps: &[&str]| {
+            step(id, "weather-tool-v2", "get_current_weather", json!({"location": "Chicago"}), deps)
+        };
+        assert_eq!(errors(vec![w("s1", &["s1"])]), [PlanError::SelfDependency { step: "s1".into() }]);
+        assert_eq!(
+            errors(vec![w("s1", &["s2"]), w("s2", &["s1"])]),
+            [PlanError::Cycle { steps: vec!["s1".into(), "s2".into()] }]
+        );
+        assert_eq!(
+            errors(vec![w("s1", &["s9"])]),
+            [PlanError::UnknownDependency { step: "s1".into(), dependency: "s9".into() }]
+        );
+        assert_eq!(errors(vec![w("s1", &[]), w("s1", &[])]), [PlanError::DuplicateStepId { step: "s1".into() }]);
+        assert_eq!(errors(vec![w("step one", &[])]), [PlanError::InvalidStepId { step: "step one".into() }]);
+    }
+
+    #[test]
+    fn references_must_name_dependencies_and_are_not_type_checked() {
+        let s1 = step("s1", "weather-tool-v2", "get_current_weather", json!({"location": "Chicago"}), &[]);
+        let uses = |deps: &[&str]| {
+            step(
+                "s2",
+                "calculation-agent",
+                "evaluate",
+                json!({"expression": "{{s1.output.temp_c}} * 9 / 5 + 32", "precision": "{{s1.output.digits}}"}),
+                deps,
+            )
+        };
+        let e = errors(vec![s1.clone(), uses(&[])]);
+        assert!(e.iter().all(|e| matches!(e, PlanError::ReferenceOutsideDependencies { .. })), "{e:?}");
+        assert_eq!(e.len(), 2);
+        let ok =
+            validate_plan(&Plan { reasoning: String::new(), steps: vec![s1, uses(&["s1"])] }, &[weather(), math()]);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn zero_steps_is_a_valid_plan() {
+        let plan = parse_plan(r#"{"reasoning": "nothing available tells the time", "steps": []}"#).unwrap();
+        assert_eq!(validate_plan(&plan, &[weather()]).unwrap().reasoning, "nothing available tells the time");
+    }
+
+    #[test]
+    fn parsing_tolerates_fences_prose_and_key_order() {
+        let fenced = "Here is the plan:\n```json\n{\"steps\": [{\"depends_on\": [], \"parameters\": {\"location\": \"Chicago\"}, \"capability\": \"get_current_weather\", \"agent\": \"weather-tool-v2\", \"step_id\": \"s1\"}], \"reasoning\": \"r\"}\n```\nDone.";
+        let plan = parse_plan(fenced).unwrap();
+        assert_eq!(plan.steps[0].agent, "weather-tool-v2");
+        let prose = "Sure! {\"steps\": [], \"reasoning\": \"a } in a string\"} hope this helps";
+        assert_eq!(parse_plan(prose).unwrap().reasoning, "a } in a string");
+    }
+
+    #[test]
+    fn parse_errors_say_what_is_wrong() {
+        assert_eq!(parse_plan("The weather in Chicago is sunny."), Err(PlanParseError::NoJson));
+        assert!(matches!(parse_plan("{\"steps\": [}"), Err(PlanParseError::NoJson | PlanParseError::Syntax(_))));
+        match parse_plan(r#"{"steps": [{"step_id": "s1", "capability": "x"}]}"#) {
+            Err(PlanParseError::Shape { path, message }) => {
+                assert_eq!(path, "steps[0]");
+                assert!(message.contains("agent"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse_plan(r#"{"steps": [{"step_id": "s1", "agent": "a", "capability": "c", "depends_on": "s0"}]}"#) {
+            Err(PlanParseError::Shape { path, .. }) => assert_eq!(path, "steps[0].depends_on"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_constrained_schema_admits_only_allowed_pairs_with_their_parameters() {
+        let schema = plan_schema(&[weather(), math()]);
+        let good = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {"location": "Chicago"}, "depends_on": []}]});
+        assert!(validate_instance(&schema, &good).is_empty(), "{:?}", validate_instance(&schema, &good));
+        let invented = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "time-tool-v1", "capability": "get_current_weather", "instruction": "i", "parameters": {"location": "x"}, "depends_on": []}]});
+        assert!(!validate_instance(&schema, &invented).is_empty());
+        let wrong_params = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {"expression": "x"}, "depends_on": []}]});
+        assert!(!validate_instance(&schema, &wrong_params).is_empty());
+        let empty = plan_schema(&[]);
+        assert!(validate_instance(&empty, &json!({"reasoning": "nothing fits", "steps": []})).is_empty());
+        assert!(!validate_instance(&empty, &good).is_empty(), "no capability: only zero steps fit");
+    }
+}
