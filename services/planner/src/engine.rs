@@ -1,0 +1,397 @@
+//! The planning loop: pre-selection, generation with a schema built from the
+//! allowed set, parsing, validation against the set shown to the model, and
+//! bounded recovery. Every regenerated plan is validated again; whatever the
+//! model does, the answer is a valid plan, a zero-step plan with a reason, or
+//! an actionable error.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use agentmesh_core::plan::{AllowedCapability, Plan, PlanError, parse_plan, plan_schema, validate_plan};
+use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, ResponseSchema, StructuredMode};
+use serde_json::{Value, json};
+
+use crate::bm25;
+use crate::prompt::{pair_id, plan_messages, preselect_messages};
+
+/// Limits and thresholds of the planning loop.
+#[derive(Debug, Clone)]
+pub struct PlannerSettings {
+    /// Above this many capabilities, an LLM call pre-selects the relevant ones.
+    pub preselect_threshold: usize,
+    /// Above this many, a lexical ranking narrows the catalog before that call.
+    pub lexical_limit: usize,
+    /// Retries after an answer that is not a plan.
+    pub parse_retries: u32,
+    /// Retries after a plan naming what was not offered.
+    pub hallucination_retries: u32,
+    /// Retries after other validation errors.
+    pub validation_retries: u32,
+    /// Temperature of the first planning call.
+    pub temperature: f32,
+    /// Temperature of retries (lower).
+    pub retry_temperature: f32,
+    /// Token limit of each call.
+    pub max_tokens: u32,
+}
+
+impl Default for PlannerSettings {
+    fn default() -> Self {
+        Self {
+            preselect_threshold: 20,
+            lexical_limit: 60,
+            parse_retries: 2,
+            hallucination_retries: 1,
+            validation_retries: 2,
+            temperature: 0.2,
+            retry_temperature: 0.0,
+            max_tokens: 1024,
+        }
+    }
+}
+
+/// Why the planner called an LLM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InteractionKind {
+    /// Picking relevant capabilities from a large catalog.
+    Preselection,
+    /// The first planning call.
+    Plan,
+    /// A retry after a parse or validation error.
+    PlanRetry,
+    /// A retry after a hallucinated agent or capability.
+    HallucinationRetry,
+}
+
+/// One LLM call, for the interaction log.
+#[derive(Debug, Clone)]
+pub struct Interaction {
+    /// Why.
+    pub kind: InteractionKind,
+    /// The messages sent, rendered.
+    pub prompt: String,
+    /// The answer text (empty on error).
+    pub response: String,
+    /// Model that answered.
+    pub model: String,
+    /// Structured-output mode used.
+    pub structured_mode: Option<StructuredMode>,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Completion tokens.
+    pub completion_tokens: u32,
+    /// Latency.
+    pub latency: Duration,
+    /// What went wrong, if anything.
+    pub error: Option<String>,
+}
+
+/// How a plan was obtained.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Capabilities offered by the catalog.
+    pub catalog_size: usize,
+    /// Capabilities kept by pre-selection (`None`: it did not run).
+    pub preselected: Option<usize>,
+    /// LLM calls made.
+    pub llm_calls: u32,
+    /// Planning retries.
+    pub retries: u32,
+    /// Plans rejected for naming what was not offered.
+    pub hallucinations_detected: u32,
+    /// Hallucinations followed by a valid plan.
+    pub hallucinations_recovered: u32,
+    /// Pre-selections that failed and fell back to the whole catalog.
+    pub preselection_fallbacks: u32,
+}
+
+/// A plan and how it came about.
+#[derive(Debug, Clone)]
+pub struct PlanOutcome {
+    /// The validated plan (zero steps: nothing available fits; see `reasoning`).
+    pub plan: Plan,
+    /// Counters.
+    pub stats: PlanStats,
+    /// Every LLM call made.
+    pub interactions: Vec<Interaction>,
+}
+
+/// Why no plan could be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanningError {
+    /// The LLM could not be called.
+    #[error("the planning LLM failed: {0}")]
+    Llm(#[from] LlmError),
+    /// The model kept naming agents or capabilities that were not offered.
+    #[error(
+        "the model kept planning with {invented} that {verb} not available; available: {allowed}. \
+         Register an agent that provides it, or rephrase the request"
+    )]
+    Hallucination {
+        /// What it invented.
+        invented: String,
+        /// `is`/`are`.
+        verb: &'static str,
+        /// What was offered.
+        allowed: String,
+        /// Calls made until then.
+        interactions: Vec<Interaction>,
+    },
+    /// The model's answers stayed unusable.
+    #[error("no valid plan after {attempts} attempts; last problems: {problems}")]
+    Exhausted {
+        /// Planning attempts.
+        attempts: u32,
+        /// The last answer's problems.
+        problems: String,
+        /// Calls made until then.
+        interactions: Vec<Interaction>,
+    },
+}
+
+fn render(messages: &[Message]) -> String {
+    messages.iter().map(|m| format!("[{:?}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n")
+}
+
+/// The planner.
+pub struct Planner {
+    settings: PlannerSettings,
+}
+
+struct Run<'a> {
+    llm: &'a dyn LlmProvider,
+    stats: PlanStats,
+    interactions: Vec<Interaction>,
+}
+
+impl Run<'_> {
+    async fn call(
+        &mut self,
+        kind: InteractionKind,
+        messages: Vec<Message>,
+        schema: Option<ResponseSchema>,
+        temperature: f32,
+        max_tokens: u32,
+    ) -> Result<Completion, LlmError> {
+        let request = CompletionRequest {
+            messages,
+            temperature: Some(temperature),
+            max_tokens: Some(max_tokens),
+            response_schema: schema,
+            reasoning_effort: None,
+        };
+        self.stats.llm_calls += 1;
+        let result = self.llm.complete(&request).await;
+        let prompt = render(&request.messages);
+        self.interactions.push(match &result {
+            Ok(c) => Interaction {
+                kind,
+                prompt,
+                response: c.text.clone(),
+                model: c.model.clone(),
+                structured_mode: c.structured_mode,
+                prompt_tokens: c.usage.prompt_tokens,
+                completion_tokens: c.usage.completion_tokens,
+                latency: c.latency,
+                error: None,
+            },
+            Err(e) => Interaction {
+                kind,
+                prompt,
+                response: String::new(),
+                model: self.llm.model().to_owned(),
+                structured_mode: None,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                latency: Duration::ZERO,
+                error: Some(e.to_string()),
+            },
+        });
+        result
+    }
+}
+
+impl Planner {
+    /// A planner with these settings.
+    pub fn new(settings: PlannerSettings) -> Self {
+        Self { settings }
+    }
+
+    /// Narrows `catalog` for `query`: lexically when very large, then with an
+    /// LLM call when above the threshold. `Ok(empty)` means "nothing fits".
+    async fn preselect(
+        &self,
+        run: &mut Run<'_>,
+        query: &str,
+        catalog: &[AllowedCapability],
+    ) -> Result<Vec<AllowedCapability>, PlanningError> {
+        if catalog.len() <= self.settings.preselect_threshold {
+            return Ok(catalog.to_vec());
+        }
+        let candidates: Vec<AllowedCapability> = if catalog.len() > self.settings.lexical_limit {
+            let mut top: Vec<usize> =
+                bm25::rank(query, catalog).into_iter().take(self.settings.lexical_limit).map(|(i, _)| i).collect();
+            top.sort_unstable();
+            top.into_iter().map(|i| catalog[i].clone()).collect()
+        } else {
+            catalog.to_vec()
+        };
+        let ids: Vec<String> = candidates.iter().map(pair_id).collect();
+        let schema = ResponseSchema {
+            name: "selection".into(),
+            schema: json!({"type": "object", "additionalProperties": false, "required": ["selected"],
+                "properties": {"selected": {"type": "array", "items": {"type": "string", "enum": ids}}}}),
+        };
+        let answer = run
+            .call(InteractionKind::Preselection, preselect_messages(query, &candidates), Some(schema), 0.0, 512)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                let json = agentmesh_core::plan::extract_json(&c.text).ok_or("no JSON object in the answer")?;
+                let value: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+                value["selected"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>())
+                    .ok_or_else(|| "no `selected` list".to_owned())
+            });
+        let selected = match answer {
+            Ok(selected) => selected,
+            Err(e) => {
+                tracing::warn!(error = %e, candidates = candidates.len(), "pre-selection failed; planning over every candidate");
+                run.stats.preselection_fallbacks += 1;
+                run.stats.preselected = Some(candidates.len());
+                return Ok(candidates);
+            }
+        };
+        let wanted: HashSet<&str> = selected.iter().map(String::as_str).collect();
+        let invented: Vec<&String> = selected.iter().filter(|s| !ids.contains(s)).collect();
+        if !invented.is_empty() {
+            tracing::warn!(invented = ?invented, "pre-selection named tools that were not listed; dropped");
+        }
+        let kept: Vec<AllowedCapability> =
+            candidates.into_iter().filter(|c| wanted.contains(pair_id(c).as_str())).collect();
+        run.stats.preselected = Some(kept.len());
+        Ok(kept)
+    }
+
+    /// Plans `query` over `catalog` (already without the caller itself and
+    /// internal capabilities).
+    pub async fn plan(
+        &self,
+        llm: &dyn LlmProvider,
+        query: &str,
+        catalog: &[AllowedCapability],
+    ) -> Result<PlanOutcome, PlanningError> {
+        let mut run = Run {
+            llm,
+            stats: PlanStats { catalog_size: catalog.len(), ..Default::default() },
+            interactions: Vec::new(),
+        };
+        let mut allowed = self.preselect(&mut run, query, catalog).await?;
+        if allowed.is_empty() {
+            let plan =
+                Plan { reasoning: "none of the available capabilities fits this request".into(), steps: Vec::new() };
+            return Ok(PlanOutcome { plan, stats: run.stats, interactions: run.interactions });
+        }
+        let (mut parse_left, mut hallucination_left, mut validation_left) =
+            (self.settings.parse_retries, self.settings.hallucination_retries, self.settings.validation_retries);
+        let mut feedback: Option<String> = None;
+        let mut kind = InteractionKind::Plan;
+        let mut hallucinated = false;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed) };
+            let temperature =
+                if kind == InteractionKind::Plan { self.settings.temperature } else { self.settings.retry_temperature };
+            let messages = plan_messages(query, &allowed, feedback.as_deref());
+            let completion = run.call(kind, messages, Some(schema), temperature, self.settings.max_tokens).await?;
+            let plan = match parse_plan(&completion.text) {
+                Ok(plan) => plan,
+                Err(e) if parse_left > 0 => {
+                    parse_left -= 1;
+                    run.stats.retries += 1;
+                    feedback = Some(format!("- {e}. Reply with the JSON plan only."));
+                    kind = InteractionKind::PlanRetry;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(PlanningError::Exhausted {
+                        attempts,
+                        problems: e.to_string(),
+                        interactions: run.interactions,
+                    });
+                }
+            };
+            let errors = match validate_plan(&plan, &allowed) {
+                Ok(valid) => {
+                    if hallucinated {
+                        run.stats.hallucinations_recovered += 1;
+                        tracing::info!(event = "llm.hallucination_recovered", "plan valid after a hallucination retry");
+                    }
+                    return Ok(PlanOutcome { plan: valid, stats: run.stats, interactions: run.interactions });
+                }
+                Err(errors) => errors,
+            };
+            let listed: String = errors.iter().map(|e| format!("- {e}\n")).collect();
+            let invented: Vec<&PlanError> = errors.iter().filter(|e| e.is_hallucination()).collect();
+            if !invented.is_empty() {
+                hallucinated = true;
+                run.stats.hallucinations_detected += 1;
+                tracing::warn!(event = "llm.hallucination_detected", problems = %listed.trim_end(), "plan names what was not offered");
+                if hallucination_left == 0 {
+                    tracing::error!(event = "llm.hallucination_unrecoverable", "hallucination retries exhausted");
+                    let names: Vec<String> = invented.iter().map(|e| invented_name(e)).collect();
+                    return Err(PlanningError::Hallucination {
+                        verb: if names.len() == 1 { "is" } else { "are" },
+                        invented: names.join(", "),
+                        allowed: allowed
+                            .iter()
+                            .map(|a| format!("{}:{}", a.agent, a.capability))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        interactions: run.interactions,
+                    });
+                }
+                hallucination_left -= 1;
+                run.stats.retries += 1;
+                // What the model tried becomes the hint for a new pre-selection.
+                let tried: Vec<String> = plan
+                    .steps
+                    .iter()
+                    .filter(|s| !allowed.iter().any(|a| a.agent == s.agent && a.capability == s.capability))
+                    .map(|s| format!("{} {} {}", s.agent, s.capability, s.instruction))
+                    .collect();
+                let hint = format!("{query} {}", tried.join(" "));
+                let reselected = self.preselect(&mut run, &hint, catalog).await?;
+                if !reselected.is_empty() {
+                    allowed = reselected;
+                }
+                feedback = Some(format!(
+                    "{listed}You may only use the capabilities listed below; if none fits, return zero steps with the reason."
+                ));
+                kind = InteractionKind::HallucinationRetry;
+                continue;
+            }
+            if validation_left == 0 {
+                return Err(PlanningError::Exhausted {
+                    attempts,
+                    problems: listed.trim_end().to_owned(),
+                    interactions: run.interactions,
+                });
+            }
+            validation_left -= 1;
+            run.stats.retries += 1;
+            feedback = Some(listed);
+            kind = InteractionKind::PlanRetry;
+        }
+    }
+}
+
+fn invented_name(e: &PlanError) -> String {
+    match e {
+        PlanError::UnknownAgent { agent, .. } => format!("agent `{agent}`"),
+        PlanError::UnknownCapability { agent, capability, .. } => format!("capability `{agent}:{capability}`"),
+        other => other.to_string(),
+    }
+}
