@@ -3,6 +3,7 @@
 //! binary and run at start-up, and change notifications so that every
 //! discovery replica sharing a database learns of every write.
 
+mod interactions;
 mod migrate;
 mod postgres;
 mod rows;
@@ -16,6 +17,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+pub use interactions::{InteractionLog, InteractionRecord, Retention};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -116,6 +118,17 @@ pub trait AgentStore: Send + Sync + 'static {
 
 /// Opens the store a URL names, runs migrations, and starts notifications.
 pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+/// Opens the interaction log in the database a URL names (running migrations).
+pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn InteractionLog>> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(PostgresStore::connect(url).await?))
     } else if url.starts_with("sqlite:") {

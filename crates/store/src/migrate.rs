@@ -17,9 +17,17 @@ pub(crate) const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS age
 )";
 
 /// Every migration, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "agents and capabilities",
-    postgres: include_str!("../migrations/postgres/0001_agents.sql"),
-    sqlite: include_str!("../migrations/sqlite/0001_agents.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "agents and capabilities",
+        postgres: include_str!("../migrations/postgres/0001_agents.sql"),
+        sqlite: include_str!("../migrations/sqlite/0001_agents.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "LLM interaction log",
+        postgres: include_str!("../migrations/postgres/0002_llm_interactions.sql"),
+        sqlite: include_str!("../migrations/sqlite/0002_llm_interactions.sql"),
+    },
+];

@@ -8,9 +8,10 @@ use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 use tokio::sync::broadcast;
 
+use crate::interactions::{InteractionLog, InteractionRecord, Retention};
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
 use crate::{AgentStore, CatalogChange, Registered, StoreResult, from_ms};
@@ -218,5 +219,72 @@ impl AgentStore for SqliteStore {
 
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+}
+
+#[async_trait]
+impl InteractionLog for SqliteStore {
+    async fn record(&self, records: &[InteractionRecord], retention: Retention) -> StoreResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut insert: QueryBuilder<Sqlite> =
+            QueryBuilder::new(format!("INSERT INTO agentmesh_llm_interactions ({}) ", crate::interactions::COLUMNS));
+        insert.push_values(records, |mut b, r| {
+            b.push_bind(r.request_id.clone())
+                .push_bind(r.kind.clone())
+                .push_bind(r.prompt.clone())
+                .push_bind(r.response.clone())
+                .push_bind(r.model.clone())
+                .push_bind(r.provider.clone())
+                .push_bind(r.structured_mode.clone())
+                .push_bind(r.prompt_tokens)
+                .push_bind(r.completion_tokens)
+                .push_bind(r.latency_ms)
+                .push_bind(r.error.clone())
+                .push_bind(r.created_at.timestamp_millis())
+                .push_bind(retention.expires_at_ms(r));
+        });
+        insert.build().execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, request_id, kind, prompt, response, model, provider, structured_mode, prompt_tokens, \
+             completion_tokens, latency_ms, error, created_at_ms FROM agentmesh_llm_interactions \
+             WHERE request_id = ?1 AND expires_at_ms > ?2 ORDER BY id",
+        )
+        .bind(request_id)
+        .bind(now.timestamp_millis())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(InteractionRecord {
+                    id: row.try_get("id")?,
+                    request_id: row.try_get("request_id")?,
+                    kind: row.try_get("kind")?,
+                    prompt: row.try_get("prompt")?,
+                    response: row.try_get("response")?,
+                    model: row.try_get("model")?,
+                    provider: row.try_get("provider")?,
+                    structured_mode: row.try_get("structured_mode")?,
+                    prompt_tokens: row.try_get("prompt_tokens")?,
+                    completion_tokens: row.try_get("completion_tokens")?,
+                    latency_ms: row.try_get("latency_ms")?,
+                    error: row.try_get("error")?,
+                    created_at: from_ms(row.try_get("created_at_ms")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {
+        let result = sqlx::query("DELETE FROM agentmesh_llm_interactions WHERE expires_at_ms <= ?1")
+            .bind(now.timestamp_millis())
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected())
     }
 }

@@ -138,3 +138,46 @@ async fn unsupported_urls_are_rejected_with_guidance() {
     let err = connect("mysql://x").await.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("sqlite://") && err.contains("postgres://"), "{err}");
 }
+
+async fn interaction_log(backend: Backend) {
+    use agentmesh_store::{InteractionRecord, Retention, connect_interaction_log};
+    let Some(db) = TestDatabase::new(backend).await else { return };
+    let log = connect_interaction_log(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let record = |kind: &str, error: Option<&str>, created: DateTime<Utc>| InteractionRecord {
+        id: 0,
+        request_id: "req_1".into(),
+        kind: kind.into(),
+        prompt: "[System]\nplan".into(),
+        response: "{}".into(),
+        model: "m".into(),
+        provider: "openai".into(),
+        structured_mode: "json_schema".into(),
+        prompt_tokens: 12,
+        completion_tokens: 7,
+        latency_ms: 30,
+        error: error.map(str::to_owned),
+        created_at: created,
+    };
+    let retention = Retention { ok: Duration::from_secs(10), error: Duration::from_secs(100) };
+    log.record(&[record("plan", None, at(0)), record("plan_retry", Some("timeout"), at(1))], retention)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let listed = log.interactions("req_1", at(2)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(listed.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["plan", "plan_retry"]);
+    assert_eq!((listed[0].prompt_tokens, listed[1].error.as_deref()), (12, Some("timeout")));
+    assert!(log.interactions("other", at(2)).await.unwrap_or_else(|e| panic!("{e}")).is_empty());
+    // Successful calls expire after 10 s, errors after 100 s.
+    assert_eq!(log.purge_expired(at(20_000)).await.unwrap_or_else(|e| panic!("{e}")), 1);
+    let left = log.interactions("req_1", at(20_000)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(left.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["plan_retry"]);
+}
+
+#[tokio::test]
+async fn sqlite_interaction_log() {
+    interaction_log(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_interaction_log() {
+    interaction_log(Backend::Postgres).await;
+}

@@ -1,0 +1,78 @@
+//! The LLM interaction log: every call the planner makes, kept for a while
+//! and listed by request id.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::StoreResult;
+
+/// One recorded LLM call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InteractionRecord {
+    /// Row id (ignored when recording).
+    pub id: i64,
+    /// Request it served.
+    pub request_id: String,
+    /// `preselection`, `plan`, `plan_retry`, `hallucination_retry`, `replan`.
+    pub kind: String,
+    /// Messages sent.
+    pub prompt: String,
+    /// Answer.
+    pub response: String,
+    /// Model.
+    pub model: String,
+    /// Provider.
+    pub provider: String,
+    /// Structured-output mode (empty: none).
+    pub structured_mode: String,
+    /// Prompt tokens.
+    pub prompt_tokens: i64,
+    /// Completion tokens.
+    pub completion_tokens: i64,
+    /// Latency in milliseconds.
+    pub latency_ms: i64,
+    /// Error, if the call failed.
+    pub error: Option<String>,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+/// How long interactions are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Successful calls.
+    pub ok: Duration,
+    /// Failed calls.
+    pub error: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { ok: Duration::from_secs(24 * 3600), error: Duration::from_secs(7 * 24 * 3600) }
+    }
+}
+
+impl Retention {
+    /// Expiry, in milliseconds since the epoch, of a record.
+    pub(crate) fn expires_at_ms(&self, record: &InteractionRecord) -> i64 {
+        let keep = if record.error.is_some() { self.error } else { self.ok };
+        record.created_at.timestamp_millis().saturating_add(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// Storage of the interaction log.
+#[async_trait]
+pub trait InteractionLog: Send + Sync + 'static {
+    /// Records calls, in order.
+    async fn record(&self, records: &[InteractionRecord], retention: Retention) -> StoreResult<()>;
+    /// The unexpired calls of a request, oldest first.
+    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>>;
+    /// Deletes expired calls; returns how many.
+    async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64>;
+}
+
+/// The columns, in insertion order.
+pub(crate) const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, structured_mode, \
+prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms";
