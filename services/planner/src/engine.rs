@@ -61,6 +61,8 @@ pub enum InteractionKind {
     PlanRetry,
     /// A retry after a hallucinated agent or capability.
     HallucinationRetry,
+    /// Filling the steps of a collaboration request.
+    Replan,
 }
 
 /// One LLM call, for the interaction log.
@@ -282,6 +284,27 @@ impl Planner {
         query: &str,
         catalog: &[AllowedCapability],
     ) -> Result<PlanOutcome, PlanningError> {
+        self.plan_as(llm, query, catalog, InteractionKind::Plan).await
+    }
+
+    /// Fills the steps of a collaboration request over the capabilities it
+    /// names, validated like any plan.
+    pub async fn replan(
+        &self,
+        llm: &dyn LlmProvider,
+        query: &str,
+        allowed: &[AllowedCapability],
+    ) -> Result<PlanOutcome, PlanningError> {
+        self.plan_as(llm, query, allowed, InteractionKind::Replan).await
+    }
+
+    async fn plan_as(
+        &self,
+        llm: &dyn LlmProvider,
+        query: &str,
+        catalog: &[AllowedCapability],
+        first_kind: InteractionKind,
+    ) -> Result<PlanOutcome, PlanningError> {
         let mut run = Run {
             llm,
             stats: PlanStats { catalog_size: catalog.len(), ..Default::default() },
@@ -296,14 +319,14 @@ impl Planner {
         let (mut parse_left, mut hallucination_left, mut validation_left) =
             (self.settings.parse_retries, self.settings.hallucination_retries, self.settings.validation_retries);
         let mut feedback: Option<String> = None;
-        let mut kind = InteractionKind::Plan;
+        let mut kind = first_kind;
         let mut hallucinated = false;
         let mut attempts = 0;
         loop {
             attempts += 1;
             let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed) };
             let temperature =
-                if kind == InteractionKind::Plan { self.settings.temperature } else { self.settings.retry_temperature };
+                if kind == first_kind { self.settings.temperature } else { self.settings.retry_temperature };
             let messages = plan_messages(query, &allowed, feedback.as_deref());
             let completion = run.call(kind, messages, Some(schema), temperature, self.settings.max_tokens).await?;
             let plan = match parse_plan(&completion.text) {

@@ -1,10 +1,148 @@
 //! The agentmesh planner: turns a request into a plan over the capabilities
 //! that really exist. [`engine::Planner`] holds the planning loop
 //! (pre-selection, generation with a constrained schema, parsing, validation
-//! against the set shown, and recovery); the gRPC service wraps it.
+//! against the set shown, and recovery); [`serve`] runs it as the gRPC
+//! `PlannerService`, with the catalog from discovery and the interaction log
+//! in the store.
 
 pub mod bm25;
+pub mod catalog;
 pub mod engine;
 pub mod prompt;
+pub mod providers;
+pub mod service;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_proto::v1::planner_service_server::PlannerServiceServer;
+use agentmesh_store::Retention;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
 
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};
+
+/// Configuration of the planner service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlannerConfig {
+    /// gRPC address.
+    pub listen: SocketAddr,
+    /// Discovery's address.
+    pub discovery_url: String,
+    /// Database for the interaction log (`sqlite://…` or `postgres://…`).
+    pub database_url: String,
+    /// `provider:model[,provider:model…]`: `openai:MODEL` (and compatible
+    /// servers, with `llm_base_url`), `replay:FILE`.
+    pub llm: String,
+    /// Base URL of an OpenAI-compatible server.
+    pub llm_base_url: Option<String>,
+    /// `auto`, `json_schema`, `json_object`, `tool` or `none`.
+    pub llm_structured: String,
+    /// The orchestrator's own agent ids: never planned for.
+    pub self_agent_ids: Vec<String>,
+    /// Pre-selection runs above this many capabilities.
+    pub preselect_threshold: usize,
+    /// Retries after an answer that is not a plan.
+    pub parse_retries: u32,
+    /// Retries after a hallucinated agent or capability.
+    pub hallucination_retries: u32,
+    /// Hours successful LLM calls are kept in the log.
+    pub interaction_retention_hours: u64,
+    /// Hours failed LLM calls are kept in the log.
+    pub interaction_error_retention_hours: u64,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7401)),
+            discovery_url: "http://127.0.0.1:7400".into(),
+            database_url: "sqlite://agentmesh.db".into(),
+            llm: String::new(),
+            llm_base_url: None,
+            llm_structured: "auto".into(),
+            self_agent_ids: Vec::new(),
+            preselect_threshold: 20,
+            parse_retries: 2,
+            hallucination_retries: 1,
+            interaction_retention_hours: 24,
+            interaction_error_retention_hours: 24 * 7,
+        }
+    }
+}
+
+/// Binds `config.listen` and serves until `shutdown` resolves.
+pub async fn serve(config: PlannerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener =
+        TcpListener::bind(config.listen).await.with_context(|| format!("binding planner to {}", config.listen))?;
+    serve_with_listener(config, listener, shutdown).await
+}
+
+/// Serves on an already bound listener until `shutdown` resolves.
+pub async fn serve_with_listener(
+    config: PlannerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !config.llm.is_empty(),
+        "no LLM configured: pass --llm openai:MODEL (with --llm-base-url) or --llm replay:FILE"
+    );
+    let llm = providers::build(&config.llm, config.llm_base_url.as_deref(), &config.llm_structured)?;
+    let log =
+        agentmesh_store::connect_interaction_log(&config.database_url).await.context("opening the interaction log")?;
+    let discovery = DiscoveryServiceClient::new(
+        tonic::transport::Endpoint::from_shared(config.discovery_url.clone())
+            .with_context(|| format!("discovery url `{}`", config.discovery_url))?
+            .connect_timeout(Duration::from_secs(5))
+            .connect_lazy(),
+    );
+    let settings = PlannerSettings {
+        preselect_threshold: config.preselect_threshold,
+        parse_retries: config.parse_retries,
+        hallucination_retries: config.hallucination_retries,
+        ..Default::default()
+    };
+    let service = service::PlannerGrpc {
+        planner: Planner::new(settings),
+        llm: Arc::new(llm),
+        discovery,
+        log: log.clone(),
+        retention: Retention {
+            ok: Duration::from_secs(config.interaction_retention_hours * 3600),
+            error: Duration::from_secs(config.interaction_error_retention_hours * 3600),
+        },
+        self_agent_ids: config.self_agent_ids.clone(),
+    };
+    let purge = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(600));
+        loop {
+            tick.tick().await;
+            if let Err(e) = log.purge_expired(chrono::Utc::now()).await {
+                tracing::warn!(error = %e, "could not purge expired LLM interactions");
+            }
+        }
+    });
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<PlannerServiceServer<service::PlannerGrpc>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    tracing::info!(addr = %listener.local_addr()?, llm = %config.llm, "planner listening (gRPC)");
+    let result = tonic::transport::Server::builder()
+        .add_service(PlannerServiceServer::new(service))
+        .add_service(health_service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await;
+    purge.abort();
+    result.context("serving planner")
+}

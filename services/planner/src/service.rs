@@ -1,0 +1,314 @@
+//! The gRPC PlannerService: thin handlers over the planning engine.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentmesh_core::plan::{Plan, PlanStep};
+use agentmesh_llm::LlmProvider;
+use agentmesh_proto::json::{from_struct, to_struct};
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_proto::v1::planner_service_server::PlannerService;
+use agentmesh_store::{InteractionLog, InteractionRecord, Retention};
+use chrono::Utc;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::catalog::{self, AllowPattern};
+use crate::engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlanningError};
+
+/// The service state.
+pub struct PlannerGrpc {
+    pub(crate) planner: Planner,
+    pub(crate) llm: Arc<dyn LlmProvider>,
+    pub(crate) discovery: DiscoveryServiceClient<Channel>,
+    pub(crate) log: Arc<dyn InteractionLog>,
+    pub(crate) retention: Retention,
+    pub(crate) self_agent_ids: Vec<String>,
+}
+
+fn new_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
+}
+
+fn kind_name(kind: InteractionKind) -> &'static str {
+    match kind {
+        InteractionKind::Preselection => "preselection",
+        InteractionKind::Plan => "plan",
+        InteractionKind::PlanRetry => "plan_retry",
+        InteractionKind::HallucinationRetry => "hallucination_retry",
+        InteractionKind::Replan => "replan",
+    }
+}
+
+fn kind_pb(kind: &str) -> pb::LlmInteractionKind {
+    match kind {
+        "preselection" => pb::LlmInteractionKind::Preselection,
+        "plan" => pb::LlmInteractionKind::Plan,
+        "plan_retry" => pb::LlmInteractionKind::PlanRetry,
+        "hallucination_retry" => pb::LlmInteractionKind::HallucinationRetry,
+        "replan" => pb::LlmInteractionKind::Replan,
+        _ => pb::LlmInteractionKind::Unspecified,
+    }
+}
+
+fn step_to_pb(s: &PlanStep) -> pb::PlanStep {
+    pb::PlanStep {
+        step_id: s.step_id.clone(),
+        agent: s.agent.clone(),
+        capability: s.capability.clone(),
+        instruction: s.instruction.clone(),
+        parameters: to_struct(&s.parameters),
+        depends_on: s.depends_on.clone(),
+    }
+}
+
+fn plan_to_pb(plan: &Plan) -> pb::Plan {
+    pb::Plan { reasoning: plan.reasoning.clone(), steps: plan.steps.iter().map(step_to_pb).collect() }
+}
+
+fn stats_to_pb(
+    stats: &PlanStats,
+    interactions: &[Interaction],
+    llm: &dyn LlmProvider,
+    started: Instant,
+) -> pb::PlanningStats {
+    let last = interactions.iter().rev().find(|i| i.error.is_none());
+    pb::PlanningStats {
+        llm_calls: stats.llm_calls,
+        retries: stats.retries,
+        hallucinations_detected: stats.hallucinations_detected,
+        hallucinations_recovered: stats.hallucinations_recovered,
+        preselected_capabilities: stats.preselected.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        catalog_size: u32::try_from(stats.catalog_size).unwrap_or(u32::MAX),
+        latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        model: last.map_or_else(|| llm.model().to_owned(), |i| i.model.clone()),
+        structured_output_mode: last.and_then(|i| i.structured_mode).map(|m| m.to_string()).unwrap_or_default(),
+        provider: llm.name().to_owned(),
+    }
+}
+
+impl PlannerGrpc {
+    async fn record(&self, request_id: &str, interactions: &[Interaction]) {
+        let now = Utc::now();
+        let records: Vec<InteractionRecord> = interactions
+            .iter()
+            .map(|i| InteractionRecord {
+                id: 0,
+                request_id: request_id.to_owned(),
+                kind: kind_name(i.kind).to_owned(),
+                prompt: i.prompt.clone(),
+                response: i.response.clone(),
+                model: i.model.clone(),
+                provider: self.llm.name().to_owned(),
+                structured_mode: i.structured_mode.map(|m| m.to_string()).unwrap_or_default(),
+                prompt_tokens: i64::from(i.prompt_tokens),
+                completion_tokens: i64::from(i.completion_tokens),
+                latency_ms: i64::try_from(i.latency.as_millis()).unwrap_or(i64::MAX),
+                error: i.error.clone(),
+                created_at: now,
+            })
+            .collect();
+        if let Err(e) = self.log.record(&records, self.retention).await {
+            tracing::warn!(request_id, error = %e, "could not record LLM interactions");
+        }
+    }
+
+    fn excluded(&self, callers: &[String], more: &[String]) -> Vec<String> {
+        let mut excluded: Vec<String> = self.self_agent_ids.iter().chain(callers).chain(more).cloned().collect();
+        excluded.sort();
+        excluded.dedup();
+        excluded
+    }
+
+    async fn planning_failed(&self, request_id: &str, error: PlanningError) -> Status {
+        let interactions = match &error {
+            PlanningError::Hallucination { interactions, .. } | PlanningError::Exhausted { interactions, .. } => {
+                interactions.clone()
+            }
+            PlanningError::Llm(_) => Vec::new(),
+        };
+        self.record(request_id, &interactions).await;
+        tracing::warn!(request_id, operation = "create_plan", error = %error, "no plan");
+        match error {
+            PlanningError::Llm(e) if e.should_fall_back() => Status::unavailable(e.to_string()),
+            PlanningError::Llm(e) => Status::failed_precondition(e.to_string()),
+            other => Status::failed_precondition(other.to_string()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PlannerService for PlannerGrpc {
+    async fn create_plan(
+        &self,
+        request: Request<pb::CreatePlanRequest>,
+    ) -> Result<Response<pb::CreatePlanResponse>, Status> {
+        let started = Instant::now();
+        let r = request.into_inner();
+        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
+        if r.query.trim().is_empty() {
+            return Err(Status::invalid_argument("query must not be empty"));
+        }
+        let allow: Vec<AllowPattern> = r
+            .allow
+            .iter()
+            .map(|a| AllowPattern::parse(a))
+            .collect::<Result<_, _>>()
+            .map_err(Status::invalid_argument)?;
+        let excluded = self.excluded(&r.caller_agent_ids, &r.exclude_agents);
+        let mut discovery = self.discovery.clone();
+        let mut catalog = catalog::fetch(&mut discovery, &excluded, r.include_unhealthy, &request_id)
+            .await
+            .map_err(|s| Status::unavailable(format!("discovery is unavailable: {}", s.message())))?;
+        if !allow.is_empty() {
+            catalog.retain(|c| allow.iter().any(|p| p.matches(c)));
+        }
+        tracing::info!(request_id, operation = "create_plan", catalog = catalog.len(), "planning");
+        match self.planner.plan(self.llm.as_ref(), &r.query, &catalog).await {
+            Ok(PlanOutcome { plan, stats, interactions }) => {
+                self.record(&request_id, &interactions).await;
+                let stats = stats_to_pb(&stats, &interactions, self.llm.as_ref(), started);
+                tracing::info!(
+                    request_id,
+                    operation = "create_plan",
+                    steps = plan.steps.len(),
+                    llm_calls = stats.llm_calls,
+                    duration_ms = stats.latency_ms,
+                    "plan ready"
+                );
+                Ok(Response::new(pb::CreatePlanResponse {
+                    zero_step_reason: if plan.steps.is_empty() { plan.reasoning.clone() } else { String::new() },
+                    plan: Some(plan_to_pb(&plan)),
+                    request_id,
+                    stats: Some(stats),
+                }))
+            }
+            Err(e) => Err(self.planning_failed(&request_id, e).await),
+        }
+    }
+
+    async fn replan(&self, request: Request<pb::ReplanRequest>) -> Result<Response<pb::ReplanResponse>, Status> {
+        let started = Instant::now();
+        let r = request.into_inner();
+        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
+        let Some(collab) = r.collaboration else {
+            return Err(Status::invalid_argument("collaboration is required"));
+        };
+        let rejected = |reason: String| {
+            Ok(Response::new(pb::ReplanResponse {
+                steps: Vec::new(),
+                rejected: true,
+                rejection_reason: reason,
+                stats: None,
+            }))
+        };
+        let excluded = self.excluded(&r.caller_agent_ids, &[]);
+        if excluded.contains(&collab.agent) {
+            return rejected(format!("agent `{}` is the calling orchestrator itself", collab.agent));
+        }
+        let mut discovery = self.discovery.clone();
+        let catalog = catalog::fetch(&mut discovery, &excluded, false, &request_id)
+            .await
+            .map_err(|s| Status::unavailable(format!("discovery is unavailable: {}", s.message())))?;
+        let allowed: Vec<_> = catalog
+            .into_iter()
+            .filter(|c| c.agent == collab.agent && (collab.capability.is_empty() || c.capability == collab.capability))
+            .collect();
+        if allowed.is_empty() {
+            return rejected(format!(
+                "`{}:{}` is not available: no such active agent or capability, or it is internal",
+                collab.agent, collab.capability
+            ));
+        }
+        let outcome = match self.planner.replan(self.llm.as_ref(), &collab.query, &allowed).await {
+            Ok(outcome) => outcome,
+            Err(e) => return Err(self.planning_failed(&request_id, e).await),
+        };
+        self.record(&request_id, &outcome.interactions).await;
+        // Fresh ids after the existing plan's; dependencies only on new steps
+        // or on steps that already succeeded.
+        let existing: HashSet<String> =
+            r.plan.as_ref().map(|p| p.steps.iter().map(|s| s.step_id.clone()).collect()).unwrap_or_default();
+        let succeeded: HashSet<String> = r
+            .results
+            .iter()
+            .filter(|res| res.status == pb::StepStatus::Succeeded as i32)
+            .map(|res| res.step_id.clone())
+            .collect();
+        let mut next = existing.len() + 1;
+        let mut renamed = std::collections::HashMap::new();
+        for step in &outcome.plan.steps {
+            while existing.contains(&format!("s{next}")) {
+                next += 1;
+            }
+            renamed.insert(step.step_id.clone(), format!("s{next}"));
+            next += 1;
+        }
+        let steps = outcome
+            .plan
+            .steps
+            .iter()
+            .map(|s| {
+                let mut step = s.clone();
+                step.step_id = renamed[&s.step_id].clone();
+                step.depends_on = s
+                    .depends_on
+                    .iter()
+                    .filter_map(|d| renamed.get(d).cloned().or_else(|| succeeded.contains(d).then(|| d.clone())))
+                    .collect();
+                step_to_pb(&step)
+            })
+            .collect();
+        let stats = stats_to_pb(&outcome.stats, &outcome.interactions, self.llm.as_ref(), started);
+        Ok(Response::new(pb::ReplanResponse {
+            steps,
+            rejected: false,
+            rejection_reason: String::new(),
+            stats: Some(stats),
+        }))
+    }
+
+    async fn list_interactions(
+        &self,
+        request: Request<pb::ListInteractionsRequest>,
+    ) -> Result<Response<pb::ListInteractionsResponse>, Status> {
+        let request_id = request.into_inner().request_id;
+        if request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id is required"));
+        }
+        let records = self
+            .log
+            .interactions(&request_id, Utc::now())
+            .await
+            .map_err(|e| Status::unavailable(format!("interaction log unavailable: {e}")))?;
+        let interactions = records
+            .into_iter()
+            .map(|r| pb::LlmInteraction {
+                id: r.id.to_string(),
+                request_id: r.request_id,
+                kind: kind_pb(&r.kind) as i32,
+                prompt: r.prompt,
+                response: r.response,
+                model: r.model,
+                provider: r.provider,
+                structured_output_mode: r.structured_mode,
+                prompt_tokens: u32::try_from(r.prompt_tokens).unwrap_or(0),
+                completion_tokens: u32::try_from(r.completion_tokens).unwrap_or(0),
+                latency_ms: u64::try_from(r.latency_ms).unwrap_or(0),
+                error: r.error.unwrap_or_default(),
+                created_at: Some(prost_types::Timestamp {
+                    seconds: r.created_at.timestamp(),
+                    nanos: i32::try_from(r.created_at.timestamp_subsec_nanos()).unwrap_or(0),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::ListInteractionsResponse { interactions }))
+    }
+}
+
+/// Parameters of a step as JSON (for clients).
+pub fn parameters_json(step: &pb::PlanStep) -> serde_json::Value {
+    step.parameters.as_ref().map_or_else(|| serde_json::json!({}), from_struct)
+}

@@ -1,0 +1,150 @@
+//! The planner service over real sockets: real discovery (SQLite), a
+
+#![allow(clippy::unwrap_used)]
+//! scripted LLM server, the interaction log, and Replan.
+
+use agentmesh_discovery::DiscoveryConfig;
+use agentmesh_planner::PlannerConfig;
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
+use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply, TestDatabase, bind_local, spawn_discovery};
+use serde_json::json;
+use tonic::Code;
+
+async fn register(url: &str, agent: serde_json::Value) {
+    let r = reqwest::Client::new().post(format!("{url}/api/v1/agents")).json(&agent).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_over_discovery_without_the_caller_or_internal_capabilities() {
+    let db = TestDatabase::sqlite();
+    let discovery =
+        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    register(
+        &discovery.url(),
+        json!({"id": "my-orchestrator", "base_url": "http://o:1", "skills": [
+        {"id": "orchestrate_natural", "description": "Plans and runs natural-language requests",
+         "input_schema": {"type": "object", "properties": {"request": {"type": "string"}}}}]}),
+    )
+    .await;
+    register(
+        &discovery.url(),
+        json!({"id": "ops-agent", "base_url": "http://ops:1", "skills": [
+        {"id": "admin_reset", "description": "Resets everything", "internal": true},
+        {"id": "status", "description": "Reports service status"}]}),
+    )
+    .await;
+    register(&discovery.url(), json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
+        {"id": "get_current_weather", "description": "Current weather for a location",
+         "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]})).await;
+
+    let plan = json!({"reasoning": "look it up", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
+        "capability": "get_current_weather", "instruction": "Chicago weather", "parameters": {"location": "Chicago"}, "depends_on": []}]});
+    let fill = json!({"reasoning": "fix", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
+        "capability": "get_current_weather", "instruction": "again", "parameters": {"location": "Boston"}, "depends_on": []}]});
+    let llm = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content(&plan.to_string()),
+        ScriptedReply::openai_content(&fill.to_string()),
+    ])
+    .await
+    .unwrap();
+
+    let listener = bind_local().await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: "openai:scripted-model".into(),
+        llm_base_url: Some(llm.url()),
+        llm_structured: "json_schema".into(),
+        self_agent_ids: vec!["my-orchestrator".into()],
+        ..Default::default()
+    };
+    let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
+    let mut client = loop {
+        match PlannerServiceClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) if !planner.is_finished() => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            Err(e) => panic!("planner did not start: {e}"),
+        }
+    };
+
+    let response = client
+        .create_plan(pb::CreatePlanRequest {
+            request_id: "req_weather".into(),
+            query: "Weather in Chicago?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    let steps = response.plan.unwrap_or_default().steps;
+    assert_eq!(steps.len(), 1);
+    assert_eq!(agentmesh_planner::service::parameters_json(&steps[0]), json!({"location": "Chicago"}));
+    let stats = response.stats.unwrap_or_default();
+    assert_eq!((stats.catalog_size, stats.llm_calls, stats.structured_output_mode.as_str()), (2, 1, "json_schema"));
+
+    // The model saw neither the caller itself nor the internal capability.
+    let sent = &llm.requests()[0].body;
+    let prompt = sent["messages"].to_string();
+    assert!(!prompt.contains("orchestrate_natural") && !prompt.contains("admin_reset"), "{prompt}");
+    let agents: Vec<String> = sent["response_format"]["json_schema"]["schema"]["properties"]["steps"]["items"]["anyOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            format!(
+                "{}:{}",
+                b["properties"]["agent"]["const"].as_str().unwrap(),
+                b["properties"]["capability"]["const"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(agents, ["ops-agent:status", "weather-tool-v2:get_current_weather"]);
+
+    let interactions = client
+        .list_interactions(pb::ListInteractionsRequest { request_id: "req_weather".into() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .interactions;
+    assert_eq!(interactions.len(), 1);
+    assert_eq!(interactions[0].kind, pb::LlmInteractionKind::Plan as i32);
+    assert_eq!((interactions[0].prompt_tokens, interactions[0].structured_output_mode.as_str()), (12, "json_schema"));
+    assert!(interactions[0].response.contains("get_current_weather"));
+
+    // Replan: the caller itself and unknown agents are rejected with a reason.
+    let replan = |agent: &str, capability: &str| pb::ReplanRequest {
+        request_id: "req_weather".into(),
+        plan: Some(pb::Plan { reasoning: String::new(), steps: steps.clone() }),
+        results: vec![pb::StepResult {
+            step_id: "s1".into(),
+            status: pb::StepStatus::Succeeded as i32,
+            ..Default::default()
+        }],
+        collaboration: Some(pb::CollaborationRequest {
+            agent: agent.into(),
+            capability: capability.into(),
+            query: "Now Boston".into(),
+        }),
+        ..Default::default()
+    };
+    let own = client.replan(replan("my-orchestrator", "orchestrate_natural")).await.unwrap().into_inner();
+    assert!(own.rejected && own.rejection_reason.contains("calling orchestrator itself"), "{}", own.rejection_reason);
+    let internal = client.replan(replan("ops-agent", "admin_reset")).await.unwrap().into_inner();
+    assert!(internal.rejected && internal.rejection_reason.contains("not available"), "{}", internal.rejection_reason);
+    let filled = client
+        .replan(replan("weather-tool-v2", "get_current_weather"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(!filled.rejected);
+    assert_eq!(filled.steps.len(), 1);
+    assert_eq!(filled.steps[0].step_id, "s2", "fresh id after the existing plan's");
+    assert_eq!(agentmesh_planner::service::parameters_json(&filled.steps[0]), json!({"location": "Boston"}));
+
+    let empty = client.create_plan(pb::CreatePlanRequest { query: "  ".into(), ..Default::default() }).await;
+    assert_eq!(empty.err().map(|s| s.code()), Some(Code::InvalidArgument));
+    planner.abort();
+}
