@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use agentmesh_discovery::DiscoveryConfig;
+use agentmesh_planner::PlannerConfig;
 use anyhow::Context;
 use clap::Args;
 use figment::Figment;
@@ -19,6 +20,8 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     /// `[discovery]` section.
     pub discovery: DiscoveryConfig,
+    /// `[planner]` section.
+    pub planner: PlannerConfig,
 }
 
 /// A flag that overrides one configuration key.
@@ -33,7 +36,10 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
     }
     figment = figment.merge(
         Env::prefixed("AGENTMESH_")
-            .filter(|key| key.as_str().to_ascii_lowercase().starts_with("discovery__"))
+            .filter(|key| {
+                let key = key.as_str().to_ascii_lowercase();
+                key.starts_with("discovery__") || key.starts_with("planner__")
+            })
             .split("__"),
     );
     for (key, value) in overrides {
@@ -113,5 +119,52 @@ impl UpArgs {
         }
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
         Ok(out)
+    }
+}
+
+/// Flags of `agentmesh serve planner`.
+#[derive(Args, Debug)]
+pub struct PlannerArgs {
+    /// gRPC address [default: 127.0.0.1:7401].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Discovery's address [default: http://127.0.0.1:7400].
+    #[arg(long)]
+    pub discovery: Option<String>,
+    /// Database of the interaction log [default: sqlite://agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// `provider:model[,provider:model…]`: `openai:MODEL` (OpenAI-compatible
+    /// servers too, with --llm-base-url; key from OPENAI_API_KEY) or `replay:FILE`.
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long)]
+    pub llm_base_url: Option<String>,
+    /// Structured output: auto, json_schema, json_object, tool or none [default: auto].
+    #[arg(long)]
+    pub llm_structured: Option<String>,
+    /// The orchestrator's own agent ids, never planned for (repeatable).
+    #[arg(long = "self-agent-id")]
+    pub self_agent_ids: Vec<String>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl PlannerArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, "planner.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "planner.discovery_url", self.discovery.clone());
+        push(&mut out, "planner.database_url", self.database_url.clone());
+        push(&mut out, "planner.llm", self.llm.clone());
+        push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
+        push(&mut out, "planner.llm_structured", self.llm_structured.clone());
+        if !self.self_agent_ids.is_empty() {
+            push(&mut out, "planner.self_agent_ids", Some(self.self_agent_ids.clone()));
+        }
+        out
     }
 }

@@ -7,6 +7,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod agents;
 mod config;
+mod plan;
 
 use std::path::PathBuf;
 
@@ -46,12 +47,18 @@ enum Command {
     Up(config::UpArgs),
     /// Register, inspect and remove agents in a running discovery service.
     Agents(agents::AgentsArgs),
+    /// Ask a running planner for a plan (a dry run: nothing is executed).
+    Plan(plan::PlanArgs),
+    /// List the LLM calls the planner made for a request.
+    Interactions(plan::InteractionsArgs),
 }
 
 #[derive(Subcommand, Debug)]
 enum ServeCommand {
     /// The discovery service (agent registry), gRPC and HTTP on one port.
     Discovery(config::DiscoveryArgs),
+    /// The planner service (gRPC).
+    Planner(config::PlannerArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -122,6 +129,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             agentmesh_discovery::serve(config.discovery, shutdown_signal()).await
         }
+        Command::Serve { service: ServeCommand::Planner(args) } => {
+            let config = config::load(cli.config.as_deref(), &args.overrides())?;
+            if args.print_config {
+                println!("{}", toml::to_string_pretty(&config).context("printing config")?);
+                return Ok(());
+            }
+            agentmesh_planner::serve(config.planner, shutdown_signal()).await
+        }
         Command::Agents(args) => agents::run(args).await,
+        Command::Plan(args) => plan::plan(args).await,
+        Command::Interactions(args) => plan::interactions(args).await,
     }
 }

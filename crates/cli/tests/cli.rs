@@ -112,3 +112,56 @@ fn configuration_layers_defaults_file_environment_and_flags() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("heartbeat_interval_secs"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_and_interactions_commands_talk_to_a_running_planner() {
+    use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let registration = serde_json::json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
+        {"id": "get_current_weather", "description": "Current weather",
+         "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]});
+    let file = std::env::temp_dir().join(format!("agentmesh-cli-plan-{}.json", std::process::id()));
+    std::fs::write(&file, registration.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let (ok, _, err) =
+        agentmesh(&["agents", "--discovery", &discovery.url(), "register", "-f", &file.to_string_lossy()]);
+    assert!(ok, "{err}");
+    let _ = std::fs::remove_file(&file);
+
+    let answer = r#"{"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {"location": "Chicago"}, "depends_on": []}]}"#;
+    let llm =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_content(answer)]).await.unwrap_or_else(|e| panic!("{e}"));
+    let listener = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+    let planner_url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let config = agentmesh_planner::PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: "openai:scripted".into(),
+        llm_base_url: Some(llm.url()),
+        ..Default::default()
+    };
+    let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let url = planner_url.clone();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || agentmesh(&["plan", "--planner", &url, "Weather in Chicago?"]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(plan["steps"][0]["parameters"], serde_json::json!({"location": "Chicago"}));
+    let request_id = err.split_whitespace().nth(1).unwrap_or_default().trim_end_matches(':').to_owned();
+    assert!(request_id.starts_with("req_"), "{err}");
+
+    let url = planner_url.clone();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || agentmesh(&["interactions", "--planner", &url, &request_id]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ok, "{err}");
+    assert!(out.contains("== LLM_INTERACTION_KIND_PLAN") && out.contains("get_current_weather"), "{out}");
+    planner.abort();
+}

@@ -1,7 +1,7 @@
 //! The planner service over real sockets: real discovery (SQLite), a
+//! scripted LLM server, the interaction log, and Replan.
 
 #![allow(clippy::unwrap_used)]
-//! scripted LLM server, the interaction log, and Replan.
 
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_planner::PlannerConfig;

@@ -1,0 +1,103 @@
+//! `agentmesh plan` and `agentmesh interactions`: clients of the planner.
+
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+
+/// `agentmesh plan` flags.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The request, in natural language.
+    query: String,
+    /// Planner address.
+    #[arg(long, env = "AGENTMESH_PLANNER_URL", default_value = "http://127.0.0.1:7401")]
+    planner: String,
+    /// The calling orchestrator's own agent ids (repeatable).
+    #[arg(long = "caller")]
+    callers: Vec<String>,
+    /// Only capabilities matching these `agent:capability` patterns (repeatable).
+    #[arg(long)]
+    allow: Vec<String>,
+}
+
+/// `agentmesh interactions` flags.
+#[derive(Args, Debug)]
+pub struct InteractionsArgs {
+    /// Request id (printed by `agentmesh plan`).
+    request_id: String,
+    /// Planner address.
+    #[arg(long, env = "AGENTMESH_PLANNER_URL", default_value = "http://127.0.0.1:7401")]
+    planner: String,
+}
+
+async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<tonic::transport::Channel>> {
+    PlannerServiceClient::connect(url.to_owned())
+        .await
+        .with_context(|| format!("connecting to the planner at {url}; is it running (`agentmesh serve planner`)?"))
+}
+
+/// Prints a plan for a request.
+pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let response = client(&args.planner)
+        .await?
+        .create_plan(pb::CreatePlanRequest {
+            query: args.query,
+            caller_agent_ids: args.callers,
+            allow: args.allow,
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
+        .into_inner();
+    let plan = response.plan.unwrap_or_default();
+    let steps: Vec<serde_json::Value> = plan
+        .steps
+        .iter()
+        .map(|s| {
+            json!({"step_id": s.step_id, "agent": s.agent, "capability": s.capability, "instruction": s.instruction,
+                   "parameters": agentmesh_planner::service::parameters_json(s), "depends_on": s.depends_on})
+        })
+        .collect();
+    println!("{}", serde_json::to_string_pretty(&json!({"reasoning": plan.reasoning, "steps": steps}))?);
+    let stats = response.stats.unwrap_or_default();
+    eprintln!(
+        "request {}: {} steps, {} LLM calls ({} retries, {} hallucinations caught), model {} via {}, {} ms",
+        response.request_id,
+        plan.steps.len(),
+        stats.llm_calls,
+        stats.retries,
+        stats.hallucinations_detected,
+        stats.model,
+        stats.provider,
+        stats.latency_ms
+    );
+    Ok(())
+}
+
+/// Prints the LLM calls of a request.
+pub async fn interactions(args: InteractionsArgs) -> anyhow::Result<()> {
+    let list = client(&args.planner)
+        .await?
+        .list_interactions(pb::ListInteractionsRequest { request_id: args.request_id.clone() })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
+        .into_inner()
+        .interactions;
+    if list.is_empty() {
+        eprintln!("no LLM calls recorded for {} (they are kept 24 h, errors 7 d)", args.request_id);
+    }
+    for i in list {
+        let kind = pb::LlmInteractionKind::try_from(i.kind).map(|k| k.as_str_name()).unwrap_or("UNKNOWN");
+        println!(
+            "== {kind} model={} mode={} tokens={}+{} latency={}ms",
+            i.model, i.structured_output_mode, i.prompt_tokens, i.completion_tokens, i.latency_ms
+        );
+        if !i.error.is_empty() {
+            println!("error: {}", i.error);
+        }
+        println!("-- prompt\n{}\n-- response\n{}\n", i.prompt, i.response);
+    }
+    Ok(())
+}
