@@ -439,9 +439,9 @@ pub fn plan_schema(allowed: &[AllowedCapability]) -> Value {
                     "step_id": id,
                     "agent": {"type": "string", "const": a.agent},
                     "capability": {"type": "string", "const": a.capability},
-                    "instruction": {"type": "string"},
+                    "instruction": {"type": "string", "maxLength": 200},
                     "parameters": a.input_schema.clone().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-                    "depends_on": {"type": "array", "items": id},
+                    "depends_on": {"type": "array", "items": id, "maxItems": 10},
                 }
             })
         })
@@ -457,7 +457,7 @@ pub fn plan_schema(allowed: &[AllowedCapability]) -> Value {
         "additionalProperties": false,
         "required": ["reasoning", "steps"],
         "properties": {
-            "reasoning": {"type": "string"},
+            "reasoning": {"type": "string", "maxLength": 300},
             "steps": {"type": "array", "items": step, "maxItems": max_items}
         }
     })

@@ -130,10 +130,16 @@ impl OpenAiCompatible {
                         "parameters": schema.schema}}]);
                     body["tool_choice"] = json!({"type": "function", "function": {"name": schema.name}});
                 }
-                StructuredMode::None => messages.push(Message::system(format!(
-                    "Answer with one JSON value only, no prose, that validates against this JSON Schema:\n{}",
-                    schema.schema
-                ))),
+                StructuredMode::None => {
+                    // A large schema costs more prompt than it helps: the
+                    // caller's prompt already describes the format.
+                    let text = schema.schema.to_string();
+                    messages.push(Message::system(if text.len() <= 2_000 {
+                        format!("Answer with one JSON value only, no prose, that validates against this JSON Schema:\n{text}")
+                    } else {
+                        "Answer with one JSON object only, no prose, in the format described above.".to_owned()
+                    }));
+                }
             }
         }
         body["messages"] = json!(messages);

@@ -347,7 +347,19 @@ impl Planner {
                 }
             };
             let errors = match validate_plan(&plan, &allowed) {
-                Ok(valid) => {
+                // A zero-step plan must say why nothing fits.
+                Ok(valid) if valid.steps.is_empty() && valid.reasoning.trim().is_empty() && validation_left > 0 => {
+                    validation_left -= 1;
+                    run.stats.retries += 1;
+                    feedback =
+                        Some("- a plan with no steps must say in `reasoning` why nothing listed can help\n".into());
+                    kind = InteractionKind::PlanRetry;
+                    continue;
+                }
+                Ok(mut valid) => {
+                    if valid.steps.is_empty() && valid.reasoning.trim().is_empty() {
+                        valid.reasoning = "the model found no listed capability that fits and gave no reason".into();
+                    }
                     if hallucinated {
                         run.stats.hallucinations_recovered += 1;
                         tracing::info!(event = "llm.hallucination_recovered", "plan valid after a hallucination retry");

@@ -233,3 +233,23 @@ async fn a_self_dependency_is_rejected_and_exhaustion_is_reported() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_zero_step_plan_always_comes_with_a_reason() {
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content(r#"{"steps": []}"#),
+        ScriptedReply::openai_content(r#"{"reasoning": "", "steps": []}"#),
+        ScriptedReply::openai_content(r#"{"steps": []}"#),
+    ])
+    .await
+    .unwrap();
+    let outcome = Planner::new(PlannerSettings::default())
+        .plan(&llm(&server), "What time is it?", &[weather()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(outcome.plan.steps.is_empty());
+    assert!(!outcome.plan.reasoning.is_empty(), "a reason is always given");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3, "asked for a reason while retries lasted");
+    assert!(user_message(&requests[1].body).contains("must say in `reasoning` why"));
+}
