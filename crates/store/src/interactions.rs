@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::StoreResult;
+use crate::{StoreResult, from_ms};
 
 /// One recorded LLM call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,3 +77,29 @@ pub trait InteractionLog: Send + Sync + 'static {
 /// The columns, in insertion order.
 pub(crate) const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, structured_mode, \
 prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms";
+
+/// Decodes one row selected with `id`, the columns above but `expires_at_ms`.
+pub(crate) fn decode<R>(row: &R) -> StoreResult<InteractionRecord>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(InteractionRecord {
+        id: row.try_get("id")?,
+        request_id: row.try_get("request_id")?,
+        kind: row.try_get("kind")?,
+        prompt: row.try_get("prompt")?,
+        response: row.try_get("response")?,
+        model: row.try_get("model")?,
+        provider: row.try_get("provider")?,
+        structured_mode: row.try_get("structured_mode")?,
+        prompt_tokens: row.try_get("prompt_tokens")?,
+        completion_tokens: row.try_get("completion_tokens")?,
+        latency_ms: row.try_get("latency_ms")?,
+        error: row.try_get("error")?,
+        created_at: from_ms(row.try_get("created_at_ms")?),
+    })
+}

@@ -116,26 +116,36 @@ pub trait AgentStore: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
 }
 
-/// Opens the store a URL names, runs migrations, and starts notifications.
-pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
+/// A store opened from a URL.
+enum Opened {
+    Postgres(PostgresStore),
+    Sqlite(SqliteStore),
+}
+
+async fn open(url: &str) -> StoreResult<Opened> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
+        Ok(Opened::Postgres(PostgresStore::connect(url).await?))
     } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
+        Ok(Opened::Sqlite(SqliteStore::connect(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }
 }
 
+/// Opens the store a URL names, runs migrations, and starts notifications.
+pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
+    Ok(match open(url).await? {
+        Opened::Postgres(store) => Arc::new(store),
+        Opened::Sqlite(store) => Arc::new(store),
+    })
+}
+
 /// Opens the interaction log in the database a URL names (running migrations).
 pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn InteractionLog>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PostgresStore::connect(url).await?))
-    } else if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url).await?))
-    } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
-    }
+    Ok(match open(url).await? {
+        Opened::Postgres(store) => Arc::new(store),
+        Opened::Sqlite(store) => Arc::new(store),
+    })
 }
 
 /// Milliseconds since the epoch to a timestamp.

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::interactions::{InteractionLog, InteractionRecord, Retention};
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
-use crate::{AgentStore, CatalogChange, NOTIFY_CHANNEL, Registered, StoreResult, from_ms};
+use crate::{AgentStore, CatalogChange, NOTIFY_CHANNEL, Registered, StoreResult};
 
 /// Agent registry on PostgreSQL.
 pub struct PostgresStore {
@@ -285,25 +285,7 @@ impl InteractionLog for PostgresStore {
         .bind(now.timestamp_millis())
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(InteractionRecord {
-                    id: row.try_get("id")?,
-                    request_id: row.try_get("request_id")?,
-                    kind: row.try_get("kind")?,
-                    prompt: row.try_get("prompt")?,
-                    response: row.try_get("response")?,
-                    model: row.try_get("model")?,
-                    provider: row.try_get("provider")?,
-                    structured_mode: row.try_get("structured_mode")?,
-                    prompt_tokens: row.try_get("prompt_tokens")?,
-                    completion_tokens: row.try_get("completion_tokens")?,
-                    latency_ms: row.try_get("latency_ms")?,
-                    error: row.try_get("error")?,
-                    created_at: from_ms(row.try_get("created_at_ms")?),
-                })
-            })
-            .collect()
+        rows.iter().map(crate::interactions::decode).collect()
     }
 
     async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {

@@ -8,7 +8,7 @@ use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::broadcast;
 
 use crate::interactions::{InteractionLog, InteractionRecord, Retention};
@@ -259,25 +259,7 @@ impl InteractionLog for SqliteStore {
         .bind(now.timestamp_millis())
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(InteractionRecord {
-                    id: row.try_get("id")?,
-                    request_id: row.try_get("request_id")?,
-                    kind: row.try_get("kind")?,
-                    prompt: row.try_get("prompt")?,
-                    response: row.try_get("response")?,
-                    model: row.try_get("model")?,
-                    provider: row.try_get("provider")?,
-                    structured_mode: row.try_get("structured_mode")?,
-                    prompt_tokens: row.try_get("prompt_tokens")?,
-                    completion_tokens: row.try_get("completion_tokens")?,
-                    latency_ms: row.try_get("latency_ms")?,
-                    error: row.try_get("error")?,
-                    created_at: from_ms(row.try_get("created_at_ms")?),
-                })
-            })
-            .collect()
+        rows.iter().map(crate::interactions::decode).collect()
     }
 
     async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {
