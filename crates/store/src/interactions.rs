@@ -72,6 +72,8 @@ pub trait InteractionLog: Send + Sync + 'static {
     async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>>;
     /// Deletes expired calls; returns how many.
     async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64>;
+    /// Checks that the database answers.
+    async fn ping(&self) -> StoreResult<()>;
 }
 
 /// The columns, in insertion order.

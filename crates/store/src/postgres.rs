@@ -295,4 +295,8 @@ impl InteractionLog for PostgresStore {
             .await?;
         Ok(result.rows_affected())
     }
+
+    async fn ping(&self) -> StoreResult<()> {
+        AgentStore::ping(self).await
+    }
 }

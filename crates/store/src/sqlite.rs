@@ -269,4 +269,8 @@ impl InteractionLog for SqliteStore {
             .await?;
         Ok(result.rows_affected())
     }
+
+    async fn ping(&self) -> StoreResult<()> {
+        AgentStore::ping(self).await
+    }
 }

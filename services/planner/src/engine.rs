@@ -99,6 +99,14 @@ pub struct PlanStats {
     pub llm_calls: u32,
     /// Planning retries.
     pub retries: u32,
+    /// Retries after an answer that was not a plan.
+    pub parse_retries: u32,
+    /// Retries after other validation errors.
+    pub validation_retries: u32,
+    /// Retries after a hallucination.
+    pub hallucination_retries: u32,
+    /// Answers that could not be parsed as a plan.
+    pub parse_errors: u32,
     /// Plans rejected for naming what was not offered.
     pub hallucinations_detected: u32,
     /// Hallucinations followed by a valid plan.
@@ -138,6 +146,8 @@ pub enum PlanningError {
         allowed: String,
         /// Calls made until then.
         interactions: Vec<Interaction>,
+        /// Counters until then.
+        stats: PlanStats,
     },
     /// The model's answers stayed unusable.
     #[error("no valid plan after {attempts} attempts; last problems: {problems}")]
@@ -148,7 +158,24 @@ pub enum PlanningError {
         problems: String,
         /// Calls made until then.
         interactions: Vec<Interaction>,
+        /// Counters until then.
+        stats: PlanStats,
     },
+}
+
+tokio::task_local! {
+    static REQUEST_ID: String;
+}
+
+/// Runs `planning` with `request_id` attached to the engine's events
+/// (`llm.hallucination_*`), which the service emits inside the request span.
+pub async fn with_request_id<F: std::future::Future>(request_id: &str, planning: F) -> F::Output {
+    REQUEST_ID.scope(request_id.to_owned(), planning).await
+}
+
+/// The request being planned on this task (empty outside [`with_request_id`]).
+fn current_request_id() -> String {
+    REQUEST_ID.try_with(String::clone).unwrap_or_default()
 }
 
 fn render(messages: &[Message]) -> String {
@@ -333,16 +360,20 @@ impl Planner {
                 Ok(plan) => plan,
                 Err(e) if parse_left > 0 => {
                     parse_left -= 1;
+                    run.stats.parse_errors += 1;
+                    run.stats.parse_retries += 1;
                     run.stats.retries += 1;
                     feedback = Some(format!("- {e}. Reply with the JSON plan only."));
                     kind = InteractionKind::PlanRetry;
                     continue;
                 }
                 Err(e) => {
+                    run.stats.parse_errors += 1;
                     return Err(PlanningError::Exhausted {
                         attempts,
                         problems: e.to_string(),
                         interactions: run.interactions,
+                        stats: run.stats,
                     });
                 }
             };
@@ -350,6 +381,7 @@ impl Planner {
                 // A zero-step plan must say why nothing fits.
                 Ok(valid) if valid.steps.is_empty() && valid.reasoning.trim().is_empty() && validation_left > 0 => {
                     validation_left -= 1;
+                    run.stats.validation_retries += 1;
                     run.stats.retries += 1;
                     feedback =
                         Some("- a plan with no steps must say in `reasoning` why nothing listed can help\n".into());
@@ -362,7 +394,13 @@ impl Planner {
                     }
                     if hallucinated {
                         run.stats.hallucinations_recovered += 1;
-                        tracing::info!(event = "llm.hallucination_recovered", "plan valid after a hallucination retry");
+                        tracing::info!(
+                            name: "llm.hallucination_recovered",
+                            request_id = %current_request_id(),
+                            operation = "plan",
+                            steps = valid.steps.len(),
+                            "llm.hallucination_recovered"
+                        );
                     }
                     return Ok(PlanOutcome { plan: valid, stats: run.stats, interactions: run.interactions });
                 }
@@ -373,10 +411,23 @@ impl Planner {
             if !invented.is_empty() {
                 hallucinated = true;
                 run.stats.hallucinations_detected += 1;
-                tracing::warn!(event = "llm.hallucination_detected", problems = %listed.trim_end(), "plan names what was not offered");
+                let names: Vec<String> = invented.iter().map(|e| invented_name(e)).collect();
+                tracing::warn!(
+                    name: "llm.hallucination_detected",
+                    request_id = %current_request_id(),
+                    operation = "plan",
+                    invented = %names.join(", "),
+                    problems = %listed.trim_end(),
+                    "llm.hallucination_detected"
+                );
                 if hallucination_left == 0 {
-                    tracing::error!(event = "llm.hallucination_unrecoverable", "hallucination retries exhausted");
-                    let names: Vec<String> = invented.iter().map(|e| invented_name(e)).collect();
+                    tracing::error!(
+                        name: "llm.hallucination_unrecoverable",
+                        request_id = %current_request_id(),
+                        operation = "plan",
+                        invented = %names.join(", "),
+                        "llm.hallucination_unrecoverable"
+                    );
                     return Err(PlanningError::Hallucination {
                         verb: if names.len() == 1 { "is" } else { "are" },
                         invented: names.join(", "),
@@ -386,9 +437,11 @@ impl Planner {
                             .collect::<Vec<_>>()
                             .join(", "),
                         interactions: run.interactions,
+                        stats: run.stats,
                     });
                 }
                 hallucination_left -= 1;
+                run.stats.hallucination_retries += 1;
                 run.stats.retries += 1;
                 // What the model tried becomes the hint for a new pre-selection.
                 let tried: Vec<String> = plan
@@ -413,9 +466,11 @@ impl Planner {
                     attempts,
                     problems: listed.trim_end().to_owned(),
                     interactions: run.interactions,
+                    stats: run.stats,
                 });
             }
             validation_left -= 1;
+            run.stats.validation_retries += 1;
             run.stats.retries += 1;
             feedback = Some(listed);
             kind = InteractionKind::PlanRetry;

@@ -3,13 +3,16 @@
 //! (pre-selection, generation with a constrained schema, parsing, validation
 //! against the set shown, and recovery); [`serve`] runs it as the gRPC
 //! `PlannerService`, with the catalog from discovery and the interaction log
-//! in the store.
+//! in the store, and `/metrics`, `/healthz` and `/readyz` on the same port.
 
 pub mod bm25;
 pub mod catalog;
 pub mod engine;
+pub mod health;
+pub mod metrics;
 pub mod prompt;
 pub mod providers;
+pub mod routes;
 pub mod service;
 
 use std::future::Future;
@@ -21,8 +24,11 @@ use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::planner_service_server::PlannerServiceServer;
 use agentmesh_store::Retention;
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
 
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};
 
@@ -30,7 +36,7 @@ pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PlannerConfig {
-    /// gRPC address.
+    /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
     pub listen: SocketAddr,
     /// Discovery's address.
     pub discovery_url: String,
@@ -55,6 +61,8 @@ pub struct PlannerConfig {
     pub interaction_retention_hours: u64,
     /// Hours failed LLM calls are kept in the log.
     pub interaction_error_retention_hours: u64,
+    /// Seconds between checks of discovery and the interaction-log store.
+    pub health_check_interval_secs: f64,
 }
 
 impl Default for PlannerConfig {
@@ -72,7 +80,24 @@ impl Default for PlannerConfig {
             hallucination_retries: 1,
             interaction_retention_hours: 24,
             interaction_error_retention_hours: 24 * 7,
+            health_check_interval_secs: 2.0,
         }
+    }
+}
+
+impl PlannerConfig {
+    /// Checks the values once at start-up.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.llm.is_empty(),
+            "no LLM configured: pass --llm openai:MODEL (with --llm-base-url) or --llm replay:FILE"
+        );
+        anyhow::ensure!(
+            self.health_check_interval_secs.is_finite() && self.health_check_interval_secs >= 0.05,
+            "health_check_interval_secs must be at least 0.05, got {}",
+            self.health_check_interval_secs
+        );
+        Ok(())
     }
 }
 
@@ -89,19 +114,16 @@ pub async fn serve_with_listener(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !config.llm.is_empty(),
-        "no LLM configured: pass --llm openai:MODEL (with --llm-base-url) or --llm replay:FILE"
-    );
+    config.validate()?;
     let llm = providers::build(&config.llm, config.llm_base_url.as_deref(), &config.llm_structured)?;
     let log =
         agentmesh_store::connect_interaction_log(&config.database_url).await.context("opening the interaction log")?;
-    let discovery = DiscoveryServiceClient::new(
-        tonic::transport::Endpoint::from_shared(config.discovery_url.clone())
-            .with_context(|| format!("discovery url `{}`", config.discovery_url))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect_lazy(),
-    );
+    let discovery_channel = tonic::transport::Endpoint::from_shared(config.discovery_url.clone())
+        .with_context(|| format!("discovery url `{}`", config.discovery_url))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let discovery = DiscoveryServiceClient::new(discovery_channel.clone());
+    let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let settings = PlannerSettings {
         preselect_threshold: config.preselect_threshold,
         parse_retries: config.parse_retries,
@@ -118,7 +140,22 @@ pub async fn serve_with_listener(
             error: Duration::from_secs(config.interaction_error_retention_hours * 3600),
         },
         self_agent_ids: config.self_agent_ids.clone(),
+        metrics: metrics.clone(),
     };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    // Not serving until the first check of discovery and the store passes.
+    health_reporter.set_service_status(health::SERVICE_NAME, ServingStatus::NotServing).await;
+    health_reporter.set_service_status("", ServingStatus::NotServing).await;
+    let interval = Duration::from_secs_f64(config.health_check_interval_secs);
+    let readiness = health::HealthChecker {
+        discovery: discovery_channel,
+        log: log.clone(),
+        reporter: health_reporter,
+        interval,
+        timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
+    }
+    .spawn(stop_rx);
     let purge = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(600));
         loop {
@@ -128,20 +165,27 @@ pub async fn serve_with_listener(
             }
         }
     });
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<PlannerServiceServer<service::PlannerGrpc>>().await;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    tracing::info!(addr = %listener.local_addr()?, llm = %config.llm, "planner listening (gRPC)");
-    let result = tonic::transport::Server::builder()
-        .add_service(PlannerServiceServer::new(service))
+    let grpc = tonic::service::Routes::new(PlannerServiceServer::new(service))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(metrics.clone(), routes::observe_rpc));
+    let app = routes::probes(metrics, readiness).merge(grpc);
+    tracing::info!(addr = %listener.local_addr()?, llm = %config.llm, "planner listening (gRPC and HTTP)");
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
         .await;
     purge.abort();
     result.context("serving planner")

@@ -14,9 +14,11 @@ use agentmesh_store::{InteractionLog, InteractionRecord, Retention};
 use chrono::Utc;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::catalog::{self, AllowPattern};
-use crate::engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlanningError};
+use crate::engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlanningError, with_request_id};
+use crate::metrics::Metrics;
 
 /// The service state.
 pub struct PlannerGrpc {
@@ -26,6 +28,7 @@ pub struct PlannerGrpc {
     pub(crate) log: Arc<dyn InteractionLog>,
     pub(crate) retention: Retention,
     pub(crate) self_agent_ids: Vec<String>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 fn new_request_id() -> String {
@@ -124,11 +127,16 @@ impl PlannerGrpc {
 
     async fn planning_failed(&self, request_id: &str, error: PlanningError) -> Status {
         let interactions = match &error {
-            PlanningError::Hallucination { interactions, .. } | PlanningError::Exhausted { interactions, .. } => {
+            PlanningError::Hallucination { interactions, stats, .. }
+            | PlanningError::Exhausted { interactions, stats, .. } => {
+                self.metrics.observe_planning(stats, interactions);
                 interactions.clone()
             }
             PlanningError::Llm(_) => Vec::new(),
         };
+        if matches!(error, PlanningError::Hallucination { .. }) {
+            self.metrics.hallucinations_unrecoverable.inc();
+        }
         self.record(request_id, &interactions).await;
         tracing::warn!(request_id, operation = "create_plan", error = %error, "no plan");
         match error {
@@ -166,8 +174,11 @@ impl PlannerService for PlannerGrpc {
             catalog.retain(|c| allow.iter().any(|p| p.matches(c)));
         }
         tracing::info!(request_id, operation = "create_plan", catalog = catalog.len(), "planning");
-        match self.planner.plan(self.llm.as_ref(), &r.query, &catalog).await {
+        let span = tracing::info_span!("create_plan", request_id = %request_id, operation = "create_plan");
+        let planning = self.planner.plan(self.llm.as_ref(), &r.query, &catalog);
+        match with_request_id(&request_id, planning).instrument(span).await {
             Ok(PlanOutcome { plan, stats, interactions }) => {
+                self.metrics.observe_planning(&stats, &interactions);
                 self.record(&request_id, &interactions).await;
                 let stats = stats_to_pb(&stats, &interactions, self.llm.as_ref(), started);
                 tracing::info!(
@@ -222,10 +233,13 @@ impl PlannerService for PlannerGrpc {
                 collab.agent, collab.capability
             ));
         }
-        let outcome = match self.planner.replan(self.llm.as_ref(), &collab.query, &allowed).await {
+        let span = tracing::info_span!("replan", request_id = %request_id, operation = "replan");
+        let planning = self.planner.replan(self.llm.as_ref(), &collab.query, &allowed);
+        let outcome = match with_request_id(&request_id, planning).instrument(span).await {
             Ok(outcome) => outcome,
             Err(e) => return Err(self.planning_failed(&request_id, e).await),
         };
+        self.metrics.observe_planning(&outcome.stats, &outcome.interactions);
         self.record(&request_id, &outcome.interactions).await;
         // Fresh ids after the existing plan's; dependencies only on new steps
         // or on steps that already succeeded.

@@ -1,0 +1,114 @@
+//! The HTTP side of the planner's port: `/metrics`, `/healthz` and `/readyz`
+//! beside gRPC, and the layer that counts planner RPCs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use tokio::sync::watch;
+use tonic::Code;
+
+use crate::health::{Readiness, SERVICE_NAME};
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+struct ProbeState {
+    metrics: Arc<Metrics>,
+    readiness: watch::Receiver<Readiness>,
+}
+
+/// `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz`
+/// (readiness, with the result of each dependency check).
+pub fn probes(metrics: Arc<Metrics>, readiness: watch::Receiver<Readiness>) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(ready))
+        .with_state(ProbeState { metrics, readiness })
+}
+
+async fn render_metrics(State(state): State<ProbeState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+async fn ready(State(state): State<ProbeState>) -> Response {
+    let readiness = state.readiness.borrow().clone();
+    let (code, status) =
+        if readiness.ready() { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not_ready") };
+    (code, Json(json!({"status": status, "checks": readiness}))).into_response()
+}
+
+/// The planner's RPCs, by their gRPC method name; anything else is `other`
+/// so that unknown paths cannot grow the label set.
+fn rpc_label(path: &str) -> Option<&'static str> {
+    let method = path.strip_prefix('/')?.strip_prefix(SERVICE_NAME)?.strip_prefix('/')?;
+    Some(match method {
+        "CreatePlan" => "CreatePlan",
+        "Replan" => "Replan",
+        "ListInteractions" => "ListInteractions",
+        _ => "other",
+    })
+}
+
+/// Counts and times planner RPCs by method and gRPC status. Every planner
+/// RPC is unary and tonic answers errors "trailers-only", so the status is
+/// in the response headers; a response without one succeeded.
+pub async fn observe_rpc(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let Some(rpc) = rpc_label(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map_or(Code::Ok, Code::from_i32);
+    metrics.request_duration.with_label_values(&[rpc]).observe(started.elapsed().as_secs_f64());
+    metrics.requests.with_label_values(&[rpc, code_name(code)]).inc();
+    response
+}
+
+/// The canonical name of a gRPC status code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rpc_label;
+
+    #[test]
+    fn only_planner_methods_are_labelled() {
+        assert_eq!(rpc_label("/agentmesh.v1.PlannerService/CreatePlan"), Some("CreatePlan"));
+        assert_eq!(rpc_label("/agentmesh.v1.PlannerService/Nope"), Some("other"));
+        assert_eq!(rpc_label("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(rpc_label("/metrics"), None);
+    }
+}
