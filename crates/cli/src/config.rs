@@ -134,16 +134,27 @@ pub struct PlannerArgs {
     /// Database of the interaction log [default: sqlite://agentmesh.db].
     #[arg(long)]
     pub database_url: Option<String>,
-    /// `provider:model[,provider:model…]`: `openai:MODEL` (OpenAI-compatible
-    /// servers too, with --llm-base-url; key from OPENAI_API_KEY) or `replay:FILE`.
+    /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
+    /// gemini, ollama, vllm, llamacpp (any OpenAI-compatible server, with
+    /// --llm-base-url) or `replay:FILE`. Keys come from OPENAI_API_KEY,
+    /// ANTHROPIC_API_KEY, GEMINI_API_KEY.
     #[arg(long)]
     pub llm: Option<String>,
-    /// Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.
+    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
     #[arg(long)]
     pub llm_base_url: Option<String>,
     /// Structured output: auto, json_schema, json_object, tool or none [default: auto].
     #[arg(long)]
     pub llm_structured: Option<String>,
+    /// Seconds each LLM call may take [default: 60].
+    #[arg(long, value_name = "SECONDS")]
+    pub llm_timeout: Option<u64>,
+    /// Retries after 429, 5xx and timeouts [default: 3].
+    #[arg(long)]
+    pub llm_retries: Option<u32>,
+    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
+    #[arg(long)]
+    pub llm_ca_file: Option<std::path::PathBuf>,
     /// The orchestrator's own agent ids, never planned for (repeatable).
     #[arg(long = "self-agent-id")]
     pub self_agent_ids: Vec<String>,
@@ -162,6 +173,9 @@ impl PlannerArgs {
         push(&mut out, "planner.llm", self.llm.clone());
         push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
         push(&mut out, "planner.llm_structured", self.llm_structured.clone());
+        push(&mut out, "planner.llm_timeout_secs", self.llm_timeout);
+        push(&mut out, "planner.llm_retries", self.llm_retries);
+        push(&mut out, "planner.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
         if !self.self_agent_ids.is_empty() {
             push(&mut out, "planner.self_agent_ids", Some(self.self_agent_ids.clone()));
         }

@@ -20,6 +20,12 @@ pub struct PlanArgs {
     /// Only capabilities matching these `agent:capability` patterns (repeatable).
     #[arg(long)]
     allow: Vec<String>,
+    /// Preferred model or alias (flash, pro, sonnet, opus, haiku, fast, smart, auto).
+    #[arg(long)]
+    model: Option<String>,
+    /// Reasoning effort: minimal, low, medium or high.
+    #[arg(long, value_parser = ["minimal", "low", "medium", "high"])]
+    reasoning_effort: Option<String>,
 }
 
 /// `agentmesh interactions` flags.
@@ -46,6 +52,11 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
             query: args.query,
             caller_agent_ids: args.callers,
             allow: args.allow,
+            model: args.model.unwrap_or_default(),
+            reasoning_effort: args
+                .reasoning_effort
+                .and_then(|e| pb::ReasoningEffort::from_str_name(&format!("REASONING_EFFORT_{}", e.to_uppercase())))
+                .map_or(0, |e| e as i32),
             ..Default::default()
         })
         .await

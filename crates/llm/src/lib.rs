@@ -6,9 +6,21 @@
 //!   speaking the same API (vLLM, Ollama, llama.cpp, llama-cpp-python,
 //!   LM Studio, Groq, DeepSeek…), with each structured-output dialect and
 //!   automatic fallback between them.
+//! - [`anthropic::Anthropic`]: Anthropic's Messages API, structured output
+//!   through a forced tool, extended thinking.
+//! - [`gemini::Gemini`]: Google's `generateContent`, with `responseSchema`
+//!   and `thinkingConfig`.
 //! - [`replay::ReplayProvider`]: scripted answers from a file, for tests and
 //!   the offline demo; it says so in its logs and in every completion.
+//!
+//! Every provider also streams ([`LlmProvider::stream`]) over server-sent
+//! events, and shares one HTTP client setup ([`HttpSettings`]: HTTPS with the
+//! system's roots, timeouts, retries with backoff and jitter).
 
+pub mod anthropic;
+pub mod gemini;
+mod http;
+pub mod models;
 pub mod openai;
 pub mod replay;
 mod retry;
@@ -20,6 +32,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use http::{HttpSettings, install_tls_provider};
 pub use retry::RetryPolicy;
 
 /// How a provider makes the model answer in JSON that fits a schema.
@@ -165,6 +178,24 @@ pub struct CompletionRequest {
     pub response_schema: Option<ResponseSchema>,
     /// Reasoning effort, for models that take one.
     pub reasoning_effort: Option<ReasoningEffort>,
+    /// Preferred model, by name or alias (see [`models`]); `None`: the
+    /// provider's configured model.
+    pub model: Option<String>,
+}
+
+impl CompletionRequest {
+    /// The system messages, joined, for APIs that take them apart from the
+    /// conversation.
+    pub fn system_text(&self) -> Option<String> {
+        let parts: Vec<&str> =
+            self.messages.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str()).collect();
+        (!parts.is_empty()).then(|| parts.join("\n\n"))
+    }
+
+    /// The conversation without the system messages.
+    pub fn turns(&self) -> impl Iterator<Item = &Message> {
+        self.messages.iter().filter(|m| m.role != Role::System)
+    }
 }
 
 /// Tokens used by a completion.
@@ -247,4 +278,92 @@ pub trait LlmProvider: Send + Sync {
     fn structured_mode(&self) -> Option<StructuredMode>;
     /// Completes a chat.
     async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError>;
+
+    /// Completes a chat, handing each piece of the answer to `on_text` as the
+    /// server produces it; returns the whole completion at the end. Providers
+    /// without streaming deliver the answer in one piece.
+    async fn stream(
+        &self,
+        request: &CompletionRequest,
+        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+    ) -> Result<Completion, LlmError> {
+        let completion = self.complete(request).await?;
+        on_text(&completion.text);
+        Ok(completion)
+    }
+
+    /// Whether this provider can serve the model `name` (a name or an alias),
+    /// so a fallback chain can try first the providers that serve a preference.
+    fn accepts_model(&self, name: &str) -> bool {
+        let _ = name;
+        true
+    }
+}
+
+/// The prompt line that asks for JSON when nothing can enforce it: the schema
+/// itself when it is small, else a pointer to the format described above.
+pub(crate) fn schema_instruction(schema: &ResponseSchema) -> String {
+    let text = schema.schema.to_string();
+    if text.len() <= 2_000 {
+        format!("Answer with one JSON value only, no prose, that validates against this JSON Schema:\n{text}")
+    } else {
+        "Answer with one JSON object only, no prose, in the format described above.".to_owned()
+    }
+}
+
+/// A provider with a caller's preferences (model, reasoning effort) applied
+/// to every request that does not set its own; one per planning request.
+pub struct Preferred<'a> {
+    inner: &'a dyn LlmProvider,
+    model: Option<String>,
+    reasoning_effort: Option<ReasoningEffort>,
+}
+
+impl<'a> Preferred<'a> {
+    /// `inner` with these preferences (empty model: none).
+    pub fn new(inner: &'a dyn LlmProvider, model: Option<String>, reasoning_effort: Option<ReasoningEffort>) -> Self {
+        Self { inner, model: model.filter(|m| !m.trim().is_empty()), reasoning_effort }
+    }
+
+    fn apply(&self, request: &CompletionRequest) -> CompletionRequest {
+        let mut request = request.clone();
+        if request.model.is_none() {
+            request.model.clone_from(&self.model);
+        }
+        if request.reasoning_effort.is_none() {
+            request.reasoning_effort = self.reasoning_effort;
+        }
+        request
+    }
+}
+
+#[async_trait]
+impl LlmProvider for Preferred<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    fn structured_mode(&self) -> Option<StructuredMode> {
+        self.inner.structured_mode()
+    }
+
+    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+        self.inner.complete(&self.apply(request)).await
+    }
+
+    async fn stream(
+        &self,
+        request: &CompletionRequest,
+        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+    ) -> Result<Completion, LlmError> {
+        self.inner.stream(&self.apply(request), on_text).await
+    }
+
+    fn accepts_model(&self, name: &str) -> bool {
+        self.inner.accepts_model(name)
+    }
 }

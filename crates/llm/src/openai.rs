@@ -7,14 +7,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
+use crate::http::{Failure, Http, HttpSettings, Post, count, event_json, truncate};
+use crate::models::{self, Family};
 use crate::{
-    Completion, CompletionRequest, LlmError, LlmProvider, Message, RetryPolicy, StructuredMode, StructuredSetting,
-    Usage,
+    Completion, CompletionRequest, LlmError, LlmProvider, Message, StructuredMode, StructuredSetting, Usage,
+    schema_instruction,
 };
 
 /// Default base URL of OpenAI's API.
@@ -34,10 +36,10 @@ pub struct OpenAiConfig {
     /// Treat the model as a reasoning model (`max_completion_tokens`,
     /// `reasoning_effort`, no temperature); `None`: decide from its name.
     pub reasoning: Option<bool>,
-    /// Per-attempt timeout.
-    pub timeout: Duration,
-    /// Retries on 429, 5xx and timeouts.
-    pub retry: RetryPolicy,
+    /// OpenAI's own models, or a self-hosted server's (for model aliases).
+    pub family: Family,
+    /// Timeouts, retries, extra CA.
+    pub http: HttpSettings,
 }
 
 impl OpenAiConfig {
@@ -49,8 +51,8 @@ impl OpenAiConfig {
             api_key: None,
             structured: StructuredSetting::Auto,
             reasoning: None,
-            timeout: Duration::from_secs(60),
-            retry: RetryPolicy::default(),
+            family: Family::Compatible,
+            http: HttpSettings::default(),
         }
     }
 }
@@ -65,42 +67,35 @@ fn learned() -> &'static Mutex<HashMap<String, StructuredMode>> {
 pub struct OpenAiCompatible {
     config: OpenAiConfig,
     endpoint: String,
-    client: reqwest::Client,
+    headers: Vec<(&'static str, String)>,
+    http: Http,
 }
 
-/// One HTTP exchange's failure, before retries decide.
-enum Failure {
-    /// Worth retrying (429, 5xx, timeouts, connection errors).
-    Transient { message: String, retry_after: Option<Duration> },
-    /// The server does not accept this structured-output mode.
-    ModeRejected { status: u16, body: String },
-    /// Final.
-    Fatal(LlmError),
-}
+/// Where a streamed answer goes.
+type Sink<'a> = Option<&'a mut (dyn FnMut(&str) + Send)>;
 
 impl OpenAiCompatible {
     /// A provider with the given settings.
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .build()
-            .map_err(|e| LlmError::Config(format!("building the HTTP client: {e}")))?;
+        let http = Http::new(&config.http)?;
         let endpoint = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        Ok(Self { config, endpoint, client })
+        let headers = config.api_key.iter().map(|key| ("authorization", format!("Bearer {key}"))).collect();
+        Ok(Self { config, endpoint, headers, http })
     }
 
-    fn is_reasoning_model(&self) -> bool {
+    fn is_reasoning_model(&self, model: &str) -> bool {
         self.config.reasoning.unwrap_or_else(|| {
-            let m = self.config.model.to_ascii_lowercase();
+            let m = model.to_ascii_lowercase();
             ["o1", "o3", "o4", "gpt-5"].iter().any(|p| m.starts_with(p))
         })
     }
 
     /// The request body for a mode (`None`: no schema asked).
-    pub fn body(&self, request: &CompletionRequest, mode: Option<StructuredMode>) -> Value {
+    pub fn body(&self, request: &CompletionRequest, mode: Option<StructuredMode>, stream: bool) -> Value {
         let mut messages = request.messages.clone();
-        let mut body = json!({"model": self.config.model});
-        if self.is_reasoning_model() {
+        let model = models::choose(self.config.family, &self.config.model, request.model.as_deref());
+        let mut body = json!({"model": model});
+        if self.is_reasoning_model(&model) {
             if let Some(max) = request.max_tokens {
                 body["max_completion_tokens"] = json!(max);
             }
@@ -130,113 +125,139 @@ impl OpenAiCompatible {
                         "parameters": schema.schema}}]);
                     body["tool_choice"] = json!({"type": "function", "function": {"name": schema.name}});
                 }
-                StructuredMode::None => {
-                    // A large schema costs more prompt than it helps: the
-                    // caller's prompt already describes the format.
-                    let text = schema.schema.to_string();
-                    messages.push(Message::system(if text.len() <= 2_000 {
-                        format!("Answer with one JSON value only, no prose, that validates against this JSON Schema:\n{text}")
-                    } else {
-                        "Answer with one JSON object only, no prose, in the format described above.".to_owned()
-                    }));
-                }
+                StructuredMode::None => messages.push(Message::system(schema_instruction(schema))),
             }
         }
         body["messages"] = json!(messages);
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
         body
     }
 
-    async fn attempt(&self, body: &Value, mode: Option<StructuredMode>) -> Result<Value, Failure> {
-        let mut http = self.client.post(&self.endpoint).json(body);
-        if let Some(key) = &self.config.api_key {
-            http = http.bearer_auth(key);
-        }
-        let response = match http.send().await {
-            Ok(r) => r,
-            Err(e) if e.is_builder() => {
-                return Err(Failure::Fatal(LlmError::Config(format!("cannot call {}: {e}", self.endpoint))));
-            }
-            Err(e) => return Err(Failure::Transient { message: e.to_string(), retry_after: None }),
-        };
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
-        let text =
-            response.text().await.map_err(|e| Failure::Transient { message: e.to_string(), retry_after: None })?;
-        if (200..300).contains(&status) {
-            return serde_json::from_str(&text)
-                .map_err(|e| Failure::Fatal(LlmError::InvalidResponse(format!("body is not JSON: {e}"))));
-        }
-        let snippet: String = text.chars().take(2000).collect();
-        let names_mode = ["response_format", "json_schema", "tool_choice", "tools", "schema"]
-            .iter()
-            .any(|word| snippet.contains(word));
-        match status {
-            401 | 403 => Err(Failure::Fatal(LlmError::Auth { status })),
-            _ if mode.is_some_and(|m| m != StructuredMode::None) && names_mode && (status >= 400) && status != 429 => {
-                Err(Failure::ModeRejected { status, body: snippet })
-            }
-            408 | 429 | 500..=599 => {
-                Err(Failure::Transient { message: format!("HTTP {status}: {snippet}"), retry_after })
-            }
-            _ => Err(Failure::Fatal(LlmError::BadRequest { status, body: snippet })),
-        }
-    }
-
-    /// Sends one request in one mode, retrying transient failures.
-    async fn send(&self, request: &CompletionRequest, mode: Option<StructuredMode>) -> Result<Value, Failure> {
-        let body = self.body(request, mode);
-        let mut retry = 0;
-        loop {
-            match self.attempt(&body, mode).await {
-                Err(Failure::Transient { message, retry_after }) if retry < self.config.retry.max_retries => {
-                    let wait = self.config.retry.delay(retry, retry_after);
-                    tracing::warn!(endpoint = %self.endpoint, retry = retry + 1, wait_ms = wait.as_millis() as u64, error = %message, "LLM call failed; retrying");
-                    tokio::time::sleep(wait).await;
-                    retry += 1;
-                }
-                Err(Failure::Transient { message, .. }) => {
-                    return Err(Failure::Fatal(LlmError::Unavailable { attempts: retry + 1, message }));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn read(&self, response: &Value, mode: Option<StructuredMode>, started: Instant) -> Result<Completion, LlmError> {
-        let message = &response["choices"][0]["message"];
-        let text = if mode == Some(StructuredMode::Tool) {
-            message["tool_calls"][0]["function"]["arguments"].as_str().map(str::to_owned)
-        } else {
-            None
-        }
-        .or_else(|| message["content"].as_str().map(str::to_owned))
-        .ok_or_else(|| LlmError::InvalidResponse(format!("no message content in {}", truncate(response))))?;
-        let usage = Usage {
-            prompt_tokens: response["usage"]["prompt_tokens"].as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
-            completion_tokens: response["usage"]["completion_tokens"]
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0),
-        };
-        Ok(Completion {
-            text,
+    /// One call in one mode, whole or streamed.
+    async fn call(
+        &self,
+        request: &CompletionRequest,
+        mode: Option<StructuredMode>,
+        sink: &mut Sink<'_>,
+        started: Instant,
+    ) -> Result<Completion, Failure> {
+        let body = self.body(request, mode, sink.is_some());
+        let post = Post { url: &self.endpoint, headers: &self.headers, body: &body, mode_sensitive: mode.is_some() };
+        let mut completion = Completion {
+            text: String::new(),
             provider: "openai".into(),
-            model: response["model"].as_str().unwrap_or(&self.config.model).to_owned(),
+            model: body["model"].as_str().unwrap_or(&self.config.model).to_owned(),
             structured_mode: mode,
-            usage,
+            usage: Usage::default(),
             latency: started.elapsed(),
+        };
+        match sink {
+            None => {
+                let response = self.http.post_json(&post).await?;
+                read(&response, mode, &mut completion).map_err(Failure::Fatal)?;
+            }
+            Some(on_text) => {
+                let mut on_event = |event: crate::http::SseEvent| {
+                    if event.data.trim() == "[DONE]" {
+                        return Ok(());
+                    }
+                    read_chunk(&event_json(&event)?, &mut completion, &mut **on_text)
+                };
+                self.http.post_events(&post, &mut on_event).await?;
+            }
+        }
+        completion.latency = started.elapsed();
+        Ok(completion)
+    }
+
+    async fn run(&self, request: &CompletionRequest, mut sink: Sink<'_>) -> Result<Completion, LlmError> {
+        let started = Instant::now();
+        if request.response_schema.is_none() {
+            return self.call(request, None, &mut sink, started).await.map_err(|f| f.into_error(1));
+        }
+        let modes: Vec<StructuredMode> = match self.config.structured {
+            StructuredSetting::Fixed(mode) => vec![mode],
+            StructuredSetting::Auto => {
+                let first = self.structured_mode().unwrap_or(StructuredMode::JsonSchema);
+                StructuredMode::AUTO_ORDER.into_iter().skip_while(|m| *m != first).collect()
+            }
+        };
+        let mut rejected = Vec::new();
+        for mode in modes {
+            match self.call(request, Some(mode), &mut sink, started).await {
+                Ok(completion) => {
+                    if self.config.structured == StructuredSetting::Auto
+                        && let Ok(mut learned) = learned().lock()
+                        && learned.insert(self.config.base_url.clone(), mode) != Some(mode)
+                    {
+                        tracing::info!(base_url = %self.config.base_url, mode = %mode, rejected = ?rejected, "structured output: using this mode for this server");
+                    }
+                    return Ok(completion);
+                }
+                Err(Failure::ModeRejected { status, .. }) if self.config.structured == StructuredSetting::Auto => {
+                    tracing::debug!(mode = %mode, status, "server rejected the structured-output mode; trying the next");
+                    rejected.push(mode.as_str());
+                }
+                Err(failure) => return Err(failure.into_error(1)),
+            }
+        }
+        Err(LlmError::BadRequest {
+            status: 400,
+            body: format!("the server rejected every structured-output mode tried: {rejected:?}"),
         })
     }
 }
 
-fn truncate(value: &Value) -> String {
-    value.to_string().chars().take(300).collect()
+/// Reads a whole chat completion.
+fn read(response: &Value, mode: Option<StructuredMode>, completion: &mut Completion) -> Result<(), LlmError> {
+    let message = &response["choices"][0]["message"];
+    let text = if mode == Some(StructuredMode::Tool) {
+        message["tool_calls"][0]["function"]["arguments"].as_str()
+    } else {
+        None
+    }
+    .or_else(|| message["content"].as_str())
+    .ok_or_else(|| LlmError::InvalidResponse(format!("no message content in {}", truncate(&response.to_string()))))?;
+    completion.text = text.to_owned();
+    read_usage(response, completion);
+    Ok(())
+}
+
+fn read_usage(response: &Value, completion: &mut Completion) {
+    if let Some(model) = response["model"].as_str() {
+        completion.model = model.to_owned();
+    }
+    if response["usage"].is_object() {
+        completion.usage = Usage {
+            prompt_tokens: count(&response["usage"]["prompt_tokens"]),
+            completion_tokens: count(&response["usage"]["completion_tokens"]),
+        };
+    }
+}
+
+/// Reads one `chat.completion.chunk` of a stream.
+fn read_chunk(
+    chunk: &Value,
+    completion: &mut Completion,
+    on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+) -> Result<(), LlmError> {
+    if let Some(error) = chunk.get("error") {
+        return Err(LlmError::InvalidResponse(format!(
+            "the stream reported an error: {}",
+            truncate(&error.to_string())
+        )));
+    }
+    let delta = &chunk["choices"][0]["delta"];
+    let piece = delta["content"].as_str().or_else(|| delta["tool_calls"][0]["function"]["arguments"].as_str());
+    if let Some(piece) = piece.filter(|p| !p.is_empty()) {
+        completion.text.push_str(piece);
+        on_text(piece);
+    }
+    read_usage(chunk, completion);
+    Ok(())
 }
 
 #[async_trait]
@@ -263,51 +284,18 @@ impl LlmProvider for OpenAiCompatible {
     }
 
     async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
-        let started = Instant::now();
-        if request.response_schema.is_none() {
-            return match self.send(request, None).await {
-                Ok(response) => self.read(&response, None, started),
-                Err(failure) => Err(fatal(failure)),
-            };
-        }
-        let modes: Vec<StructuredMode> = match self.config.structured {
-            StructuredSetting::Fixed(mode) => vec![mode],
-            StructuredSetting::Auto => {
-                let first = self.structured_mode().unwrap_or(StructuredMode::JsonSchema);
-                StructuredMode::AUTO_ORDER.into_iter().skip_while(|m| *m != first).collect()
-            }
-        };
-        let mut rejected = Vec::new();
-        for mode in modes {
-            match self.send(request, Some(mode)).await {
-                Ok(response) => {
-                    if self.config.structured == StructuredSetting::Auto
-                        && let Ok(mut learned) = learned().lock()
-                        && learned.insert(self.config.base_url.clone(), mode) != Some(mode)
-                    {
-                        tracing::info!(base_url = %self.config.base_url, mode = %mode, rejected = ?rejected, "structured output: using this mode for this server");
-                    }
-                    return self.read(&response, Some(mode), started);
-                }
-                Err(Failure::ModeRejected { status, body }) if self.config.structured == StructuredSetting::Auto => {
-                    tracing::debug!(mode = %mode, status, "server rejected the structured-output mode; trying the next");
-                    rejected.push(mode.as_str());
-                    let _ = body;
-                }
-                Err(failure) => return Err(fatal(failure)),
-            }
-        }
-        Err(LlmError::BadRequest {
-            status: 400,
-            body: format!("the server rejected every structured-output mode tried: {rejected:?}"),
-        })
+        self.run(request, None).await
     }
-}
 
-fn fatal(failure: Failure) -> LlmError {
-    match failure {
-        Failure::Fatal(e) => e,
-        Failure::ModeRejected { status, body } => LlmError::BadRequest { status, body },
-        Failure::Transient { message, .. } => LlmError::Unavailable { attempts: 1, message },
+    async fn stream(
+        &self,
+        request: &CompletionRequest,
+        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+    ) -> Result<Completion, LlmError> {
+        self.run(request, Some(on_text)).await
+    }
+
+    fn accepts_model(&self, name: &str) -> bool {
+        models::accepts(self.config.family, name)
     }
 }

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible provider against a scripted server speaking the
 //! chat completions wire format: request bodies per structured-output
-//! dialect, `auto` fallback, reasoning models, retries and errors.
+//! dialect, `auto` fallback, reasoning models, streaming, model aliases,
+//! HTTPS, retries and errors.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ fn plan_request() -> CompletionRequest {
             name: "plan".into(),
             schema: json!({"type": "object", "properties": {"steps": {"type": "array"}}, "required": ["steps"], "additionalProperties": false}),
         }),
-        reasoning_effort: None,
+        ..Default::default()
     }
 }
 
@@ -29,7 +30,7 @@ fn provider(server: &ScriptedLlmServer, model: &str, structured: StructuredSetti
     let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), model);
     config.structured = structured;
     config.api_key = Some("sk-test-secret".into());
-    config.retry =
+    config.http.retry =
         RetryPolicy { max_retries: 2, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
     OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -130,6 +131,7 @@ async fn reasoning_models_get_max_completion_tokens_and_effort_without_temperatu
         max_tokens: Some(100),
         response_schema: None,
         reasoning_effort: Some(ReasoningEffort::Low),
+        model: None,
     };
     p.complete(&request).await.unwrap_or_else(|e| panic!("{e}"));
     let body = &server.requests()[0].body;
@@ -182,4 +184,110 @@ async fn exhausted_retries_are_unavailable_and_a_bad_request_is_final() {
     let err = err.err().unwrap_or_else(|| panic!("succeeded"));
     assert!(matches!(err, LlmError::Auth { status: 401 }));
     assert!(!err.to_string().contains("sk-test-secret"), "keys never appear in errors");
+}
+
+#[tokio::test]
+async fn streaming_delivers_pieces_in_order_and_reads_usage_from_the_last_chunk() {
+    let server =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_stream(&[r#"{"ste"#, r#"ps": "#, "[]}"])]).await.unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Fixed(StructuredMode::JsonSchema));
+    let mut pieces = Vec::new();
+    let c =
+        p.stream(&plan_request(), &mut |piece| pieces.push(piece.to_owned())).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pieces, [r#"{"ste"#, r#"ps": "#, "[]}"]);
+    assert_eq!(c.text, r#"{"steps": []}"#);
+    assert_eq!((c.usage.prompt_tokens, c.usage.completion_tokens), (12, 7));
+    let body = &server.requests()[0].body;
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
+    assert_eq!(body["response_format"]["type"], "json_schema");
+}
+
+#[tokio::test]
+async fn streaming_in_tool_mode_joins_the_argument_deltas() {
+    let chunk = |args: &str| {
+        json!({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0,
+            "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args}}]}, "finish_reason": null}]})
+    };
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::sse(&[
+        (None, chunk(r#"{"steps""#)),
+        (None, chunk(r#": []}"#)),
+        (None, json!("[DONE]")),
+    ])])
+    .await
+    .unwrap();
+    let p = provider(&server, "llama3", StructuredSetting::Fixed(StructuredMode::Tool));
+    let c = p.stream(&plan_request(), &mut |_| {}).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.text, r#"{"steps": []}"#);
+}
+
+#[tokio::test]
+async fn a_request_may_prefer_a_model_by_alias() {
+    let server =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_content("ok"), ScriptedReply::openai_content("ok")])
+            .await
+            .unwrap();
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "gpt-4.1-mini");
+    config.family = agentmesh_llm::models::Family::OpenAi;
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let request = CompletionRequest {
+        messages: vec![Message::user("hi")],
+        temperature: Some(0.3),
+        model: Some("fast".into()),
+        reasoning_effort: Some(ReasoningEffort::Minimal),
+        ..Default::default()
+    };
+    p.complete(&request).await.unwrap_or_else(|e| panic!("{e}"));
+    p.complete(&CompletionRequest { model: None, ..request }).await.unwrap_or_else(|e| panic!("{e}"));
+    let sent = server.requests();
+    assert_eq!(sent[0].body["model"], "gpt-5-mini");
+    assert_eq!(sent[0].body["reasoning_effort"], "minimal", "a reasoning model takes the effort");
+    assert!(sent[0].body.get("temperature").is_none());
+    assert_eq!(sent[1].body["model"], "gpt-4.1-mini");
+    assert_eq!(sent[1].body["temperature"], json!(0.3f32));
+    assert!(!p.accepts_model("sonnet") && p.accepts_model("gpt-5"));
+}
+
+#[tokio::test]
+async fn https_works_with_a_trusted_ca_and_fails_clearly_without() {
+    let server = ScriptedLlmServer::start_tls(vec![ScriptedReply::openai_content("secure")]).await.unwrap();
+    assert!(server.url().starts_with("https://"));
+    let ca = std::env::temp_dir().join(format!("agentmesh-test-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, agentmesh_testkit::TEST_CA_PEM).unwrap();
+
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "gpt-4o-mini");
+    config.http.ca_file = Some(ca.clone());
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let c = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    assert_eq!(c.map(|c| c.text).unwrap_or_else(|e| panic!("{e}")), "secure");
+
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "gpt-4o-mini");
+    config.http.retry.max_retries = 0;
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let err = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    let err = err.err().unwrap_or_else(|| panic!("an unknown CA was trusted"));
+    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+    assert_eq!(server.requests().len(), 1, "the untrusted call never reached the server");
+    let _ = std::fs::remove_file(ca);
+}
+
+#[tokio::test]
+async fn preferences_apply_to_requests_that_set_none() {
+    let server =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_content("ok"), ScriptedReply::openai_content("ok")])
+            .await
+            .unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Auto);
+    let preferred = agentmesh_llm::Preferred::new(&p, Some("o4-mini".into()), Some(ReasoningEffort::High));
+    preferred.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await.unwrap();
+    let own = CompletionRequest {
+        messages: vec![Message::user("hi")],
+        model: Some("gpt-4.1".into()),
+        reasoning_effort: Some(ReasoningEffort::Low),
+        ..Default::default()
+    };
+    preferred.complete(&own).await.unwrap();
+    let sent = server.requests();
+    assert_eq!((&sent[0].body["model"], &sent[0].body["reasoning_effort"]), (&json!("o4-mini"), &json!("high")));
+    assert_eq!(sent[1].body["model"], "gpt-4.1", "a request's own choice stands");
 }

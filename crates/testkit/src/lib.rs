@@ -15,9 +15,20 @@ mod service;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply};
+pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply, TEST_CA_PEM};
 pub use proxy::TcpProxy;
 pub use service::{RunningService, init_tracing, spawn_discovery};
+
+/// Makes HTTPS usable in this process: HTTPS is built without a bundled
+/// crypto provider, so a process must install one before it builds any
+/// `reqwest::Client` ([`http_client`] does it).
+pub use agentmesh_llm::install_tls_provider as install_tls;
+
+/// An HTTP client for tests.
+pub fn http_client() -> reqwest::Client {
+    install_tls();
+    reqwest::Client::new()
+}
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};

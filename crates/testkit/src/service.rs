@@ -66,7 +66,7 @@ pub async fn spawn_discovery(config: DiscoveryConfig) -> anyhow::Result<RunningS
         let _ = stopped.await;
     }));
     let service = RunningService { addr, stop: Some(stop), task: Some(task) };
-    let client = reqwest::Client::new();
+    let client = crate::http_client();
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         if client.get(format!("{}/healthz", service.url())).send().await.is_ok_and(|r| r.status().is_success()) {

@@ -396,7 +396,7 @@ async fn registration_validation(backend: Backend) {
     // Last, on its own connection: the server closes a connection whose
     // oversized body it did not read.
     let huge = json!({"id": "big", "base_url": "http://x", "skills": [{"id": "s", "description": "x".repeat(1024 * 1024 + 1024)}]});
-    let response = reqwest::Client::new()
+    let response = agentmesh_testkit::http_client()
         .post(ctx.url("/api/v1/agents"))
         .json(&huge)
         .send()
@@ -410,6 +410,7 @@ async fn registration_validation(backend: Backend) {
 // 5.2.2 Performance under load: 1,000 concurrent requests, none failing
 async fn thousand_concurrent_requests(backend: Backend) {
     let Some(ctx) = ctx(backend).await else { return };
+    agentmesh_testkit::install_tls();
     let client = reqwest::Client::builder().pool_max_idle_per_host(1000).build().unwrap_or_else(|e| panic!("{e}"));
     let queries = [
         "",

@@ -34,7 +34,7 @@ fn host_and_port(url: &str) -> String {
 async fn replica(db: &TestDatabase) -> Ctx {
     let config = DiscoveryConfig { database_url: db.url.clone(), ..DiscoveryConfig::default() };
     let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("{e:#}"));
-    Ctx { svc, http: reqwest::Client::new(), db: TestDatabase::sqlite() }
+    Ctx { svc, http: agentmesh_testkit::http_client(), db: TestDatabase::sqlite() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +83,7 @@ async fn an_unreachable_database_serves_the_last_snapshot_and_reports_unhealthy(
     let url = db.url.replacen(&authority, &proxy.addr.to_string(), 1);
     let config = DiscoveryConfig { database_url: url, cache_ttl_secs: 0.0, ..DiscoveryConfig::default() };
     let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("{e:#}"));
-    let ctx = Ctx { svc, http: reqwest::Client::new(), db };
+    let ctx = Ctx { svc, http: agentmesh_testkit::http_client(), db };
     ctx.register_catalog().await;
     assert_eq!(ctx.discover("").await["total_agents"], 3);
 

@@ -207,7 +207,7 @@ impl Run<'_> {
             temperature: Some(temperature),
             max_tokens: Some(max_tokens),
             response_schema: schema,
-            reasoning_effort: None,
+            ..Default::default()
         };
         self.stats.llm_calls += 1;
         let result = self.llm.complete(&request).await;

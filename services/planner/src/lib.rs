@@ -42,13 +42,22 @@ pub struct PlannerConfig {
     pub discovery_url: String,
     /// Database for the interaction log (`sqlite://…` or `postgres://…`).
     pub database_url: String,
-    /// `provider:model[,provider:model…]`: `openai:MODEL` (and compatible
-    /// servers, with `llm_base_url`), `replay:FILE`.
+    /// `provider:model[,provider:model…]`, a fallback chain: `openai:MODEL`,
+    /// `anthropic:MODEL`, `gemini:MODEL`, `ollama:MODEL`, `vllm:MODEL`,
+    /// `llamacpp:MODEL` (any OpenAI-compatible server, with `llm_base_url`),
+    /// `replay:FILE`. Models may be aliases (`sonnet`, `flash`, `fast`…).
     pub llm: String,
-    /// Base URL of an OpenAI-compatible server.
+    /// Base URL overriding each provider's default (and its environment variable).
     pub llm_base_url: Option<String>,
     /// `auto`, `json_schema`, `json_object`, `tool` or `none`.
     pub llm_structured: String,
+    /// Seconds each LLM call may take (per attempt).
+    pub llm_timeout_secs: u64,
+    /// Retries of an LLM call after 429, 5xx and timeouts (exponential
+    /// backoff with jitter, honouring `Retry-After`).
+    pub llm_retries: u32,
+    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
+    pub llm_ca_file: Option<std::path::PathBuf>,
     /// The orchestrator's own agent ids: never planned for.
     pub self_agent_ids: Vec<String>,
     /// Pre-selection runs above this many capabilities.
@@ -74,6 +83,9 @@ impl Default for PlannerConfig {
             llm: String::new(),
             llm_base_url: None,
             llm_structured: "auto".into(),
+            llm_timeout_secs: 60,
+            llm_retries: 3,
+            llm_ca_file: None,
             self_agent_ids: Vec::new(),
             preselect_threshold: 20,
             parse_retries: 2,
@@ -99,6 +111,19 @@ impl PlannerConfig {
         );
         Ok(())
     }
+
+    /// How to reach the LLM providers.
+    pub fn provider_options(&self) -> providers::ProviderOptions {
+        providers::ProviderOptions {
+            base_url: self.llm_base_url.clone(),
+            structured: self.llm_structured.clone(),
+            http: agentmesh_llm::HttpSettings {
+                timeout: Duration::from_secs(self.llm_timeout_secs.max(1)),
+                retry: agentmesh_llm::RetryPolicy { max_retries: self.llm_retries, ..Default::default() },
+                ca_file: self.llm_ca_file.clone(),
+            },
+        }
+    }
 }
 
 /// Binds `config.listen` and serves until `shutdown` resolves.
@@ -115,7 +140,7 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let llm = providers::build(&config.llm, config.llm_base_url.as_deref(), &config.llm_structured)?;
+    let llm = providers::build(&config.llm, &config.provider_options())?;
     let log =
         agentmesh_store::connect_interaction_log(&config.database_url).await.context("opening the interaction log")?;
     let discovery_channel = tonic::transport::Endpoint::from_shared(config.discovery_url.clone())

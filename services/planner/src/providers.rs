@@ -1,17 +1,37 @@
 //! Building the LLM provider from `--llm provider:model[,provider:model…]`:
 //! a list is a fallback chain that moves on after unavailability and auth
-//! failures, never after a bad request.
+//! failures, never after a bad request. A request's model preference puts
+//! the providers that serve it first.
 
 use std::path::Path;
 
+use agentmesh_llm::anthropic::{ANTHROPIC_BASE_URL, Anthropic, AnthropicConfig};
+use agentmesh_llm::gemini::{GEMINI_BASE_URL, Gemini, GeminiConfig};
+use agentmesh_llm::models::Family;
 use agentmesh_llm::openai::{OPENAI_BASE_URL, OpenAiCompatible, OpenAiConfig};
 use agentmesh_llm::replay::ReplayProvider;
-use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, StructuredMode, StructuredSetting};
+use agentmesh_llm::{
+    Completion, CompletionRequest, HttpSettings, LlmError, LlmProvider, StructuredMode, StructuredSetting,
+};
 use async_trait::async_trait;
 
 /// Tries providers in order.
 pub struct FallbackChain {
     providers: Vec<Box<dyn LlmProvider>>,
+}
+
+impl FallbackChain {
+    /// The providers in the order to try for `request`: those serving its
+    /// preferred model first, the rest after, each group in configured order.
+    fn order(&self, request: &CompletionRequest) -> Vec<&dyn LlmProvider> {
+        let (mut first, rest): (Vec<&dyn LlmProvider>, Vec<&dyn LlmProvider>) = self
+            .providers
+            .iter()
+            .map(Box::as_ref)
+            .partition(|p| request.model.as_deref().is_none_or(|m| p.accepts_model(m)));
+        first.extend(rest);
+        first
+    }
 }
 
 #[async_trait]
@@ -29,9 +49,35 @@ impl LlmProvider for FallbackChain {
     }
 
     async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+        self.run(request, None).await
+    }
+
+    async fn stream(
+        &self,
+        request: &CompletionRequest,
+        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+    ) -> Result<Completion, LlmError> {
+        self.run(request, Some(on_text)).await
+    }
+
+    fn accepts_model(&self, name: &str) -> bool {
+        self.providers.iter().any(|p| p.accepts_model(name))
+    }
+}
+
+impl FallbackChain {
+    async fn run(
+        &self,
+        request: &CompletionRequest,
+        mut on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+    ) -> Result<Completion, LlmError> {
         let mut last = LlmError::Config("no LLM provider configured; pass --llm provider:model".into());
-        for provider in &self.providers {
-            match provider.complete(request).await {
+        for provider in self.order(request) {
+            let result = match on_text.as_deref_mut() {
+                Some(on_text) => provider.stream(request, on_text).await,
+                None => provider.complete(request).await,
+            };
+            match result {
                 Ok(c) => return Ok(c),
                 Err(e) if e.should_fall_back() => {
                     tracing::warn!(provider = provider.name(), model = provider.model(), error = %e, "LLM provider failed; trying the next");
@@ -44,31 +90,79 @@ impl LlmProvider for FallbackChain {
     }
 }
 
-/// Builds the provider chain from a spec such as `openai:gpt-4o-mini` or
-/// `replay:demo/replay.json`. API keys come only from the environment
-/// (`OPENAI_API_KEY`); the base URL from `base_url`, else `OPENAI_BASE_URL`.
-pub fn build(spec: &str, base_url: Option<&str>, structured: &str) -> Result<FallbackChain, LlmError> {
-    let structured: StructuredSetting = structured.parse().map_err(LlmError::Config)?;
+/// How to reach the providers named in `--llm`.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderOptions {
+    /// Base URL for every provider in the chain (else each one's usual
+    /// environment variable, else its public endpoint).
+    pub base_url: Option<String>,
+    /// `auto`, `json_schema`, `json_object`, `tool` or `none` (OpenAI-compatible servers).
+    pub structured: String,
+    /// Timeouts, retries, extra CA.
+    pub http: HttpSettings,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Ollama's `OLLAMA_HOST` is `host:port` or a URL, without `/v1`.
+fn ollama_base() -> String {
+    let host = env("OLLAMA_HOST").unwrap_or_else(|| "127.0.0.1:11434".into());
+    let host = if host.contains("://") { host } else { format!("http://{host}") };
+    format!("{}/v1", host.trim_end_matches('/'))
+}
+
+/// Builds the provider chain from a spec such as `openai:gpt-4o-mini`,
+/// `anthropic:sonnet,gemini:flash` or `replay:demo/replay.json`. API keys
+/// come only from the environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`,
+/// `GEMINI_API_KEY` or `GOOGLE_API_KEY`) and are never logged.
+pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, LlmError> {
+    let structured: StructuredSetting = options.structured.parse().map_err(LlmError::Config)?;
     let mut providers: Vec<Box<dyn LlmProvider>> = Vec::new();
     for entry in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, rest) = entry.split_once(':').ok_or_else(|| {
-            LlmError::Config(format!("`{entry}` must have the form provider:model (openai:MODEL or replay:FILE)"))
+            LlmError::Config(format!(
+                "`{entry}` must have the form provider:model (openai, anthropic, gemini, ollama, vllm, llamacpp, replay)"
+            ))
         })?;
+        let base = |var: &str, default: &str| {
+            options.base_url.clone().or_else(|| env(var)).unwrap_or_else(|| default.to_owned())
+        };
         match kind {
             "openai" | "openai-compatible" | "ollama" | "vllm" | "llamacpp" => {
-                let base =
-                    base_url.map(str::to_owned).or_else(|| std::env::var("OPENAI_BASE_URL").ok()).unwrap_or_else(
-                        || if kind == "ollama" { "http://127.0.0.1:11434/v1".into() } else { OPENAI_BASE_URL.into() },
-                    );
-                let mut config = OpenAiConfig::new(base, rest);
-                config.api_key = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty());
+                let url = match kind {
+                    "ollama" => options.base_url.clone().unwrap_or_else(ollama_base),
+                    _ => base("OPENAI_BASE_URL", OPENAI_BASE_URL),
+                };
+                let mut config = OpenAiConfig::new(url, rest);
+                config.api_key = env("OPENAI_API_KEY");
                 config.structured = structured;
+                config.family = if kind == "openai" && config.base_url == OPENAI_BASE_URL {
+                    Family::OpenAi
+                } else {
+                    Family::Compatible
+                };
+                config.http = options.http.clone();
                 providers.push(Box::new(OpenAiCompatible::new(config)?));
+            }
+            "anthropic" => {
+                let mut config = AnthropicConfig::new(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL), rest);
+                config.api_key = env("ANTHROPIC_API_KEY");
+                config.http = options.http.clone();
+                providers.push(Box::new(Anthropic::new(config)?));
+            }
+            "gemini" | "google" => {
+                let mut config = GeminiConfig::new(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL), rest);
+                config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY"));
+                config.http = options.http.clone();
+                providers.push(Box::new(Gemini::new(config)?));
             }
             "replay" => providers.push(Box::new(ReplayProvider::from_file(Path::new(rest))?)),
             other => {
                 return Err(LlmError::Config(format!(
-                    "unknown LLM provider `{other}`; available here: openai (and OpenAI-compatible servers), replay"
+                    "unknown LLM provider `{other}`; available: openai, anthropic, gemini, ollama, vllm, llamacpp \
+                     (any OpenAI-compatible server with --llm-base-url), replay"
                 )));
             }
         }

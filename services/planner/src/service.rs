@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentmesh_core::plan::{Plan, PlanStep};
-use agentmesh_llm::LlmProvider;
+use agentmesh_llm::{LlmProvider, Preferred, ReasoningEffort};
 use agentmesh_proto::json::{from_struct, to_struct};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -175,7 +175,8 @@ impl PlannerService for PlannerGrpc {
         }
         tracing::info!(request_id, operation = "create_plan", catalog = catalog.len(), "planning");
         let span = tracing::info_span!("create_plan", request_id = %request_id, operation = "create_plan");
-        let planning = self.planner.plan(self.llm.as_ref(), &r.query, &catalog);
+        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
+        let planning = self.planner.plan(&llm, &r.query, &catalog);
         match with_request_id(&request_id, planning).instrument(span).await {
             Ok(PlanOutcome { plan, stats, interactions }) => {
                 self.metrics.observe_planning(&stats, &interactions);
@@ -234,7 +235,8 @@ impl PlannerService for PlannerGrpc {
             ));
         }
         let span = tracing::info_span!("replan", request_id = %request_id, operation = "replan");
-        let planning = self.planner.replan(self.llm.as_ref(), &collab.query, &allowed);
+        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
+        let planning = self.planner.replan(&llm, &collab.query, &allowed);
         let outcome = match with_request_id(&request_id, planning).instrument(span).await {
             Ok(outcome) => outcome,
             Err(e) => return Err(self.planning_failed(&request_id, e).await),
@@ -325,4 +327,15 @@ impl PlannerService for PlannerGrpc {
 /// Parameters of a step as JSON (for clients).
 pub fn parameters_json(step: &pb::PlanStep) -> serde_json::Value {
     step.parameters.as_ref().map_or_else(|| serde_json::json!({}), from_struct)
+}
+
+/// The reasoning effort a request asks for (`None`: the model's default).
+fn effort(value: i32) -> Option<ReasoningEffort> {
+    match pb::ReasoningEffort::try_from(value).unwrap_or_default() {
+        pb::ReasoningEffort::Unspecified => None,
+        pb::ReasoningEffort::Minimal => Some(ReasoningEffort::Minimal),
+        pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
+        pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
+        pb::ReasoningEffort::High => Some(ReasoningEffort::High),
+    }
 }

@@ -56,7 +56,7 @@ fn big_catalog() -> Vec<AllowedCapability> {
 fn llm(server: &ScriptedLlmServer) -> OpenAiCompatible {
     let mut config = OpenAiConfig::new(server.url(), "scripted");
     config.structured = StructuredSetting::Fixed(StructuredMode::JsonSchema);
-    config.retry =
+    config.http.retry =
         RetryPolicy { max_retries: 1, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(5) };
     OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"))
 }

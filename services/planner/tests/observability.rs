@@ -55,7 +55,7 @@ async fn register_weather(url: &str) {
     let agent = json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
         {"id": "get_current_weather", "description": "Current weather for a location",
          "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]});
-    let r = reqwest::Client::new().post(format!("{url}/api/v1/agents")).json(&agent).send().await.unwrap();
+    let r = agentmesh_testkit::http_client().post(format!("{url}/api/v1/agents")).json(&agent).send().await.unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
 }
 

@@ -173,8 +173,8 @@ async fn every_answer_of_a_real_model_is_a_valid_plan_a_zero_step_plan_or_an_act
     for (label, structured, requests) in runs {
         let mut config = OpenAiConfig::new(&base, "smollm2-135m-instruct");
         config.structured = structured;
-        config.timeout = Duration::from_secs(300);
-        config.retry = RetryPolicy { max_retries: 1, ..Default::default() };
+        config.http.timeout = Duration::from_secs(300);
+        config.http.retry = RetryPolicy { max_retries: 1, ..Default::default() };
         let llm = OpenAiCompatible::new(config).unwrap();
         let mut valid = 0;
         for &query in requests {

@@ -12,7 +12,7 @@ use serde_json::json;
 use tonic::Code;
 
 async fn register(url: &str, agent: serde_json::Value) {
-    let r = reqwest::Client::new().post(format!("{url}/api/v1/agents")).json(&agent).send().await.unwrap();
+    let r = agentmesh_testkit::http_client().post(format!("{url}/api/v1/agents")).json(&agent).send().await.unwrap();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
 }
 

@@ -28,7 +28,7 @@ impl Ctx {
         let mut config = DiscoveryConfig { database_url: db.url.clone(), ..DiscoveryConfig::default() };
         adjust(&mut config);
         let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
-        Some(Self { svc, http: reqwest::Client::new(), db })
+        Some(Self { svc, http: agentmesh_testkit::http_client(), db })
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,325 @@
+//! The HTTP side every provider shares: one client (HTTPS through rustls
+//! with the system's roots plus an optional extra CA), one way to classify a
+//! failed exchange, retries with backoff, and server-sent events.
+
+use std::path::PathBuf;
+use std::sync::Once;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{LlmError, RetryPolicy};
+
+/// HTTP settings common to all providers.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Per-attempt timeout (for a stream: the whole stream).
+    pub timeout: Duration,
+    /// Retries on 429, 5xx, timeouts and connection errors.
+    pub retry: RetryPolicy,
+    /// A PEM file of extra trusted root certificates (a private CA in front
+    /// of a self-hosted model server), on top of the system's.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(60), retry: RetryPolicy::default(), ca_file: None }
+    }
+}
+
+/// One HTTP exchange's failure, before retries decide.
+pub(crate) enum Failure {
+    /// Worth retrying (429, 5xx, timeouts, connection errors).
+    Transient { message: String, retry_after: Option<Duration> },
+    /// The server does not accept the structured-output mode asked for.
+    ModeRejected { status: u16, body: String },
+    /// Final.
+    Fatal(LlmError),
+}
+
+impl Failure {
+    /// The error a caller sees when no retry or fallback is left.
+    pub(crate) fn into_error(self, attempts: u32) -> LlmError {
+        match self {
+            Self::Fatal(e) => e,
+            Self::ModeRejected { status, body } => LlmError::BadRequest { status, body },
+            Self::Transient { message, .. } => LlmError::Unavailable { attempts, message },
+        }
+    }
+}
+
+/// Words in an error body that say the server disliked the structured-output
+/// part of the request rather than the request as a whole.
+const MODE_WORDS: [&str; 5] = ["response_format", "json_schema", "tool_choice", "tools", "schema"];
+
+/// A provider's HTTP client.
+pub(crate) struct Http {
+    client: reqwest::Client,
+    retry: RetryPolicy,
+}
+
+/// A request: where, with which headers, what body.
+pub(crate) struct Post<'a> {
+    pub url: &'a str,
+    pub headers: &'a [(&'static str, String)],
+    pub body: &'a Value,
+    /// Whether a 4xx naming the structured-output part is a [`Failure::ModeRejected`].
+    pub mode_sensitive: bool,
+}
+
+/// Installs rustls' `ring` provider as the process default, once. Every
+/// `reqwest::Client` in a process that links this crate needs it (HTTPS is
+/// built without a bundled provider); providers call it themselves.
+pub fn install_tls_provider() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // Fails only when the process installed a provider already, which is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl Http {
+    pub(crate) fn new(settings: &HttpSettings) -> Result<Self, LlmError> {
+        install_tls_provider();
+        let mut builder = reqwest::Client::builder().timeout(settings.timeout);
+        if let Some(path) = &settings.ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| LlmError::Config(format!("cannot read the CA file {}: {e}", path.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| LlmError::Config(format!("the CA file {} is not PEM: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(LlmError::Config(format!("the CA file {} holds no certificate", path.display())));
+            }
+            builder = builder.tls_certs_merge(certs);
+        }
+        let client = builder.build().map_err(|e| LlmError::Config(format!("building the HTTP client: {e}")))?;
+        Ok(Self { client, retry: settings.retry })
+    }
+
+    async fn attempt(&self, post: &Post<'_>) -> Result<reqwest::Response, Failure> {
+        let mut http = self.client.post(post.url).json(post.body);
+        for (name, value) in post.headers {
+            http = http.header(*name, value);
+        }
+        let response = match http.send().await {
+            Ok(r) => r,
+            Err(e) if e.is_builder() => {
+                return Err(Failure::Fatal(LlmError::Config(format!("cannot call {}: {e}", post.url))));
+            }
+            Err(e) => return Err(Failure::Transient { message: error_chain(&e), retry_after: None }),
+        };
+        let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(response);
+        }
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64);
+        let text = response.text().await.unwrap_or_default();
+        let snippet: String = text.chars().take(2000).collect();
+        let names_mode = MODE_WORDS.iter().any(|word| snippet.contains(word));
+        Err(match status {
+            401 | 403 => Failure::Fatal(LlmError::Auth { status }),
+            _ if post.mode_sensitive && names_mode && status >= 400 && status != 429 => {
+                Failure::ModeRejected { status, body: snippet }
+            }
+            // 529: Anthropic's "overloaded".
+            408 | 429 | 500..=599 => Failure::Transient { message: format!("HTTP {status}: {snippet}"), retry_after },
+            _ => Failure::Fatal(LlmError::BadRequest { status, body: snippet }),
+        })
+    }
+
+    /// Retries `op` on transient failures with the policy's backoff.
+    async fn with_retries<T, F, Fut>(&self, url: &str, mut op: F) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let mut retry = 0;
+        loop {
+            match op().await {
+                Err(Failure::Transient { message, retry_after }) if retry < self.retry.max_retries => {
+                    let wait = self.retry.delay(retry, retry_after);
+                    tracing::warn!(endpoint = %url, retry = retry + 1, wait_ms = wait.as_millis() as u64, error = %message, "LLM call failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    retry += 1;
+                }
+                Err(Failure::Transient { message, .. }) => {
+                    return Err(Failure::Fatal(LlmError::Unavailable { attempts: retry + 1, message }));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// POSTs and reads a JSON answer, retrying transient failures.
+    pub(crate) async fn post_json(&self, post: &Post<'_>) -> Result<Value, Failure> {
+        self.with_retries(post.url, || async {
+            let response = self.attempt(post).await?;
+            let text = response
+                .text()
+                .await
+                .map_err(|e| Failure::Transient { message: error_chain(&e), retry_after: None })?;
+            serde_json::from_str(&text)
+                .map_err(|e| Failure::Fatal(LlmError::InvalidResponse(format!("body is not JSON: {e}"))))
+        })
+        .await
+    }
+
+    /// POSTs and hands each server-sent event to `on_event` as it arrives.
+    /// Failures before the first byte are retried; a stream cut midway is not
+    /// (part of the answer was already delivered).
+    pub(crate) async fn post_events(
+        &self,
+        post: &Post<'_>,
+        on_event: &mut (dyn FnMut(SseEvent) -> Result<(), LlmError> + Send),
+    ) -> Result<(), Failure> {
+        let mut response = self.with_retries(post.url, || self.attempt(post)).await?;
+        let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !content_type.is_empty() && !content_type.contains("event-stream") {
+            return Err(Failure::Fatal(LlmError::InvalidResponse(format!(
+                "asked for a stream, the server answered with `{content_type}`; it may not support streaming"
+            ))));
+        }
+        let mut parser = SseParser::default();
+        loop {
+            let chunk = response.chunk().await.map_err(|e| {
+                Failure::Fatal(LlmError::Unavailable {
+                    attempts: 1,
+                    message: format!("stream cut: {}", error_chain(&e)),
+                })
+            })?;
+            let Some(chunk) = chunk else { break };
+            for event in parser.push(&chunk) {
+                on_event(event).map_err(Failure::Fatal)?;
+            }
+        }
+        for event in parser.finish() {
+            on_event(event).map_err(Failure::Fatal)?;
+        }
+        Ok(())
+    }
+}
+
+/// An error with its causes (reqwest's `Display` stops at the outermost).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct SseEvent {
+    /// The `event:` field, if any.
+    pub event: Option<String>,
+    /// The `data:` lines, joined by newlines.
+    pub data: String,
+}
+
+/// An incremental parser of `text/event-stream`: bytes in, complete events out.
+#[derive(Default)]
+pub(crate) struct SseParser {
+    buffer: Vec<u8>,
+    current: SseEvent,
+    has_data: bool,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the events they complete.
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim_end_matches(['\n', '\r']);
+            self.line(line, &mut events);
+        }
+        events
+    }
+
+    /// The last event, when the stream ends without a blank line.
+    pub(crate) fn finish(&mut self) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        if !self.buffer.is_empty() {
+            let rest = String::from_utf8_lossy(&std::mem::take(&mut self.buffer)).into_owned();
+            self.line(rest.trim_end_matches('\r'), &mut events);
+        }
+        self.line("", &mut events);
+        events
+    }
+
+    fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            if self.has_data {
+                events.push(std::mem::take(&mut self.current));
+            }
+            self.current = SseEvent::default();
+            self.has_data = false;
+            return;
+        }
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => self.current.event = Some(value.to_owned()),
+            "data" => {
+                if self.has_data {
+                    self.current.data.push('\n');
+                }
+                self.current.data.push_str(value);
+                self.has_data = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Parses an event's data as JSON.
+pub(crate) fn event_json(event: &SseEvent) -> Result<Value, LlmError> {
+    serde_json::from_str(&event.data)
+        .map_err(|e| LlmError::InvalidResponse(format!("stream event is not JSON ({e}): {}", truncate(&event.data))))
+}
+
+/// The first few hundred characters of a text, for error messages.
+pub(crate) fn truncate(text: &str) -> String {
+    text.chars().take(300).collect()
+}
+
+/// A token count from a JSON number.
+pub(crate) fn count(value: &Value) -> u32 {
+    value.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_across_chunks_and_lines() {
+        let mut p = SseParser::default();
+        assert!(p.push(b"event: message_start\ndata: {\"a\"").is_empty());
+        let events = p.push(b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\ndata: [DONE]");
+        assert_eq!(
+            events,
+            vec![
+                SseEvent { event: Some("message_start".into()), data: "{\"a\":1}".into() },
+                SseEvent { event: None, data: "x\ny".into() },
+            ]
+        );
+        assert_eq!(p.finish(), vec![SseEvent { event: None, data: "[DONE]".into() }]);
+    }
+}
