@@ -46,6 +46,56 @@ fn empty_object() -> Value {
     Value::Object(Map::new())
 }
 
+impl PlanStep {
+    /// Renames steps this step mentions: its own id, its dependencies, and
+    /// the `{{id.output…}}` references in its instruction and parameters.
+    /// Ids missing from `renamed` stay as they are.
+    pub fn rename_steps(&mut self, renamed: &HashMap<String, String>) {
+        if let Some(new) = renamed.get(&self.step_id) {
+            self.step_id.clone_from(new);
+        }
+        for dependency in &mut self.depends_on {
+            if let Some(new) = renamed.get(dependency) {
+                dependency.clone_from(new);
+            }
+        }
+        self.instruction = rename_in_text(&self.instruction, renamed);
+        rename_in_value(&mut self.parameters, renamed);
+    }
+}
+
+fn rename_in_value(value: &mut Value, renamed: &HashMap<String, String>) {
+    match value {
+        Value::String(s) => *s = rename_in_text(s, renamed),
+        Value::Array(items) => items.iter_mut().for_each(|v| rename_in_value(v, renamed)),
+        Value::Object(map) => map.values_mut().for_each(|v| rename_in_value(v, renamed)),
+        _ => {}
+    }
+}
+
+fn rename_in_text(text: &str, renamed: &HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("{{") {
+        let Some(close) = rest[open + 2..].find("}}") else { break };
+        let inner = &rest[open + 2..open + 2 + close];
+        out.push_str(&rest[..open + 2]);
+        let trimmed = inner.trim();
+        match trimmed.split_once('.') {
+            Some((step, path)) if path.split('.').next() == Some("output") && renamed.contains_key(step) => {
+                out.push_str(&renamed[step]);
+                out.push('.');
+                out.push_str(path);
+            }
+            _ => out.push_str(inner),
+        }
+        out.push_str("}}");
+        rest = &rest[open + 2 + close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Why an answer is not a plan at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanParseError {
@@ -580,6 +630,28 @@ mod tests {
         );
         assert_eq!(errors(vec![w("s1", &[]), w("s1", &[])]), [PlanError::DuplicateStepId { step: "s1".into() }]);
         assert_eq!(errors(vec![w("step one", &[])]), [PlanError::InvalidStepId { step: "step one".into() }]);
+    }
+
+    #[test]
+    fn renaming_steps_follows_ids_dependencies_and_references() {
+        let mut step = PlanStep {
+            step_id: "s2".into(),
+            agent: "a".into(),
+            capability: "c".into(),
+            instruction: "Summarise {{ s1.output }} and {{s9.output.x}}".into(),
+            parameters: json!({"text": "{{s1.output.body}}", "list": ["{{s1.output}} and {{s3.output}}"], "n": 3}),
+            depends_on: vec!["s1".into(), "s3".into()],
+        };
+        let renamed: HashMap<String, String> =
+            [("s1", "s7"), ("s2", "s8")].into_iter().map(|(a, b)| (a.to_owned(), b.to_owned())).collect();
+        step.rename_steps(&renamed);
+        assert_eq!(step.step_id, "s8");
+        assert_eq!(step.depends_on, ["s7", "s3"]);
+        assert_eq!(step.instruction, "Summarise {{s7.output}} and {{s9.output.x}}");
+        assert_eq!(
+            step.parameters,
+            json!({"text": "{{s7.output.body}}", "list": ["{{s7.output}} and {{s3.output}}"], "n": 3})
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The gRPC PlannerService: thin handlers over the planning engine.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -254,7 +254,7 @@ impl PlannerService for PlannerGrpc {
             .map(|res| res.step_id.clone())
             .collect();
         let mut next = existing.len() + 1;
-        let mut renamed = std::collections::HashMap::new();
+        let mut renamed = HashMap::new();
         for step in &outcome.plan.steps {
             while existing.contains(&format!("s{next}")) {
                 next += 1;
@@ -268,12 +268,8 @@ impl PlannerService for PlannerGrpc {
             .iter()
             .map(|s| {
                 let mut step = s.clone();
-                step.step_id = renamed[&s.step_id].clone();
-                step.depends_on = s
-                    .depends_on
-                    .iter()
-                    .filter_map(|d| renamed.get(d).cloned().or_else(|| succeeded.contains(d).then(|| d.clone())))
-                    .collect();
+                step.depends_on.retain(|d| renamed.contains_key(d) || succeeded.contains(d));
+                step.rename_steps(&renamed);
                 step_to_pb(&step)
             })
             .collect();

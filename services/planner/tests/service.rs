@@ -41,8 +41,11 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities() {
 
     let plan = json!({"reasoning": "look it up", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
         "capability": "get_current_weather", "instruction": "Chicago weather", "parameters": {"location": "Chicago"}, "depends_on": []}]});
-    let fill = json!({"reasoning": "fix", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
-        "capability": "get_current_weather", "instruction": "again", "parameters": {"location": "Boston"}, "depends_on": []}]});
+    let fill = json!({"reasoning": "fix", "steps": [
+        {"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "again",
+         "parameters": {"location": "Boston"}, "depends_on": []},
+        {"step_id": "s2", "agent": "weather-tool-v2", "capability": "get_current_weather",
+         "instruction": "near {{s1.output}}", "parameters": {"location": "{{s1.output.nearest_city}}"}, "depends_on": ["s1"]}]});
     let llm = ScriptedLlmServer::start(vec![
         ScriptedReply::openai_content(&plan.to_string()),
         ScriptedReply::openai_content(&fill.to_string()),
@@ -140,9 +143,13 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities() {
         .unwrap_or_else(|e| panic!("{e}"))
         .into_inner();
     assert!(!filled.rejected);
-    assert_eq!(filled.steps.len(), 1);
+    assert_eq!(filled.steps.len(), 2);
     assert_eq!(filled.steps[0].step_id, "s2", "fresh id after the existing plan's");
     assert_eq!(agentmesh_planner::service::parameters_json(&filled.steps[0]), json!({"location": "Boston"}));
+    let second = &filled.steps[1];
+    assert_eq!((second.step_id.as_str(), second.depends_on.as_slice()), ("s3", ["s2".to_owned()].as_slice()));
+    assert_eq!(second.instruction, "near {{s2.output}}", "references follow the renamed ids");
+    assert_eq!(agentmesh_planner::service::parameters_json(second), json!({"location": "{{s2.output.nearest_city}}"}));
 
     let empty = client.create_plan(pb::CreatePlanRequest { query: "  ".into(), ..Default::default() }).await;
     assert_eq!(empty.err().map(|s| s.code()), Some(Code::InvalidArgument));
