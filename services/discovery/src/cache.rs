@@ -49,12 +49,44 @@ enum Patch {
     Heartbeat { agent_id: String, status: ReportedStatus, at_ms: i64 },
 }
 
+/// Most bytes of encoded responses a snapshot keeps.
+const ENCODED_BUDGET_BYTES: usize = 8 * 1024 * 1024;
+
+/// A response body as sent, shared by every request that asks the same query
+/// of the same snapshot state.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The encoded body.
+    pub body: bytes::Bytes,
+    /// Agents in it (for logs).
+    pub agents: usize,
+}
+
+#[derive(Debug)]
+struct EncodedEntry {
+    encoded: Encoded,
+    /// `Snapshot::beats` when it was built.
+    beats: u64,
+    /// Unix ms at which some agent's derived health changes.
+    valid_until_ms: i64,
+}
+
+#[derive(Debug, Default)]
+struct EncodedCache {
+    entries: HashMap<String, EncodedEntry>,
+    bytes: usize,
+}
+
 /// An immutable list of agents (ordered by id) with a mutable liveness overlay.
 #[derive(Debug)]
 pub struct Snapshot {
     /// Sorted by id; looked up by binary search.
     agents: Vec<Arc<AgentRecord>>,
     liveness: Vec<Liveness>,
+    /// Bumped by every heartbeat applied in place.
+    beats: AtomicU64,
+    /// Encoded responses of this snapshot; a new snapshot starts empty.
+    encoded: Mutex<EncodedCache>,
     generation: u64,
     loaded_at: Instant,
     /// Approximate size in bytes of the cached agents.
@@ -70,7 +102,63 @@ impl Snapshot {
         let liveness =
             agents.iter().map(|a| Liveness::new(a.last_heartbeat.timestamp_millis(), a.reported_status)).collect();
         let size_bytes = agents.iter().map(|a| approximate_size(a)).sum();
-        Self { agents, liveness, generation, loaded_at: Instant::now(), size_bytes, index: OnceLock::new() }
+        Self {
+            agents,
+            liveness,
+            beats: AtomicU64::new(0),
+            encoded: Mutex::default(),
+            generation,
+            loaded_at: Instant::now(),
+            size_bytes,
+            index: OnceLock::new(),
+        }
+    }
+
+    /// The encoded response of `key` built from this snapshot, while no
+    /// heartbeat has landed and no agent's health has changed since.
+    pub fn encoded(&self, key: &str, now: DateTime<Utc>) -> Option<Encoded> {
+        let cache = self.encoded.lock().ok()?;
+        let entry = cache.entries.get(key)?;
+        let valid = entry.beats == self.beats.load(Ordering::Acquire) && now.timestamp_millis() < entry.valid_until_ms;
+        valid.then(|| entry.encoded.clone())
+    }
+
+    /// Builds the response of `key` with `build` and keeps it (within the
+    /// byte budget). `beats` must be read before the page was built, so that
+    /// a heartbeat landing meanwhile makes the entry stale at once.
+    pub fn keep_encoded(&self, key: String, beats: u64, now: DateTime<Utc>, policy: HealthPolicy, encoded: &Encoded) {
+        let valid_until_ms = self.next_health_change(policy, now);
+        let Ok(mut cache) = self.encoded.lock() else { return };
+        if let Some(old) = cache.entries.remove(&key) {
+            cache.bytes -= old.encoded.body.len();
+        }
+        if cache.bytes + encoded.body.len() > ENCODED_BUDGET_BYTES {
+            // Stale entries go first; if that is not enough, the new one is not kept.
+            let current = self.beats.load(Ordering::Acquire);
+            let now_ms = now.timestamp_millis();
+            cache.entries.retain(|_, e| e.beats == current && now_ms < e.valid_until_ms);
+            cache.bytes = cache.entries.values().map(|e| e.encoded.body.len()).sum();
+            if cache.bytes + encoded.body.len() > ENCODED_BUDGET_BYTES {
+                return;
+            }
+        }
+        cache.bytes += encoded.body.len();
+        cache.entries.insert(key, EncodedEntry { encoded: encoded.clone(), beats, valid_until_ms });
+    }
+
+    /// Heartbeats applied so far (see [`Snapshot::keep_encoded`]).
+    pub fn beats(&self) -> u64 {
+        self.beats.load(Ordering::Acquire)
+    }
+
+    /// The first instant after `now`, in Unix ms, at which any agent's derived
+    /// health changes (`i64::MAX` when none will).
+    fn next_health_change(&self, policy: HealthPolicy, now: DateTime<Utc>) -> i64 {
+        (0..self.agents.len())
+            .filter_map(|i| policy.next_transition(self.live(i).0, now))
+            .map(|at| at.timestamp_millis())
+            .min()
+            .unwrap_or(i64::MAX)
     }
 
     fn position(&self, id: &str) -> Result<usize, usize> {
@@ -147,6 +235,7 @@ impl Snapshot {
         let l = &self.liveness[i];
         l.last_heartbeat_ms.fetch_max(at_ms, Ordering::Relaxed);
         l.degraded.store(status == ReportedStatus::Degraded, Ordering::Relaxed);
+        self.beats.fetch_add(1, Ordering::AcqRel);
         true
     }
 
@@ -183,6 +272,8 @@ impl Snapshot {
         Self {
             agents,
             liveness,
+            beats: AtomicU64::new(0),
+            encoded: Mutex::default(),
             generation: self.generation,
             loaded_at: self.loaded_at,
             size_bytes,

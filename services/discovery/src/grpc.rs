@@ -6,18 +6,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentmesh_core::query::{DEFAULT_LIMIT, MAX_LIMIT};
-use agentmesh_core::{CapabilityQuery, HealthStatus, Pattern, ReportedStatus};
+use agentmesh_core::{CapabilityQuery, CatalogPage, HealthStatus, Pattern, ReportedStatus};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_server::DiscoveryService;
+use bytes::Buf;
 use chrono::{DateTime, Utc};
 use futures_util::Stream;
+use prost::Message;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::{Request, Response, Status};
 
-use crate::cache::Source;
+use crate::cache::{Encoded, Source};
 use crate::convert::{Detail, agent_to_pb, definition_from_pb, full_agent_to_pb, health_to_pb, timestamp};
+use crate::encoded::EncodedReply;
 use crate::error::DiscoveryError;
 use crate::registry::{CatalogEvent, EventKind, Registry};
 use crate::render::{Format, render};
@@ -33,7 +36,114 @@ impl DiscoveryGrpc {
     pub fn new(registry: Arc<Registry>) -> Self {
         Self { registry }
     }
+
+    /// ListCapabilities, answered with the encoded response. A structured
+    /// answer does not depend on the time of the request except for
+    /// `discovered_at`, so its body is encoded once per query and catalog
+    /// state and shared; `discovered_at` travels as a field of its own after
+    /// it (protobuf readers accept fields in any order).
+    pub async fn list_capabilities_encoded(
+        &self,
+        request: Request<pb::ListCapabilitiesRequest>,
+    ) -> Result<Response<EncodedReply>, Status> {
+        let started = Instant::now();
+        let request_id = request_id(&request);
+        let metrics = self.registry.metrics();
+        let (query, format) = match query_from_pb(request.get_ref()) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                metrics.requests.with_label_values(&["grpc", "error"]).inc();
+                return Err(e.into());
+            }
+        };
+        let label = format.map_or("grpc", Format::as_str);
+        let detail = Detail {
+            descriptions: query.include_descriptions,
+            input_schema: query.include_input_schema,
+            output_schema: query.include_output_schema,
+            examples: query.include_examples,
+        };
+        let response = |page: &CatalogPage<'_>, now: Option<DateTime<Utc>>| pb::ListCapabilitiesResponse {
+            discovered_at: now.map(timestamp),
+            total_agents: u32::try_from(page.total_agents).unwrap_or(u32::MAX),
+            total_reasoners: u32::try_from(page.total_reasoners).unwrap_or(u32::MAX),
+            total_skills: u32::try_from(page.total_skills).unwrap_or(u32::MAX),
+            pagination: Some(pb::Pagination {
+                limit: u32::try_from(page.limit).unwrap_or(u32::MAX),
+                offset: u32::try_from(page.offset).unwrap_or(u32::MAX),
+                has_more: page.has_more,
+            }),
+            capabilities: page
+                .agents
+                .iter()
+                .map(|m| {
+                    agent_to_pb(
+                        m.record,
+                        m.health,
+                        m.last_heartbeat,
+                        m.reasoners.iter().copied(),
+                        m.skills.iter().copied(),
+                        detail,
+                    )
+                })
+                .collect(),
+            rendered: match (format, now) {
+                (Some(f), Some(now)) => render(f, page, &query, now),
+                _ => String::new(),
+            },
+        };
+        let result = match format {
+            // Rendered text embeds the time: built for each request.
+            Some(_) => {
+                self.registry
+                    .query(&query, |page, now| {
+                        let built = response(page, Some(now));
+                        let agents = built.capabilities.len();
+                        (Encoded { body: built.encode_to_vec().into(), agents }, Vec::new(), false)
+                    })
+                    .await
+            }
+            None => self
+                .registry
+                .query_encoded(&query, format!("{query:?}"), |page| {
+                    let built = response(page, None);
+                    Encoded { body: built.encode_to_vec().into(), agents: built.capabilities.len() }
+                })
+                .await
+                .map(|(encoded, source, shared)| {
+                    let mut tail = Vec::with_capacity(16);
+                    prost::encoding::message::encode(DISCOVERED_AT_TAG, &timestamp(Utc::now()), &mut tail);
+                    ((encoded, tail, shared), source)
+                }),
+        };
+        let elapsed = started.elapsed();
+        metrics.duration.with_label_values(&[label]).observe(elapsed.as_secs_f64());
+        match result {
+            Ok(((encoded, tail, shared), source)) => {
+                metrics.requests.with_label_values(&[label, "success"]).inc();
+                tracing::info!(
+                    request_id,
+                    operation = "list_capabilities",
+                    format = label,
+                    agents = encoded.agents,
+                    duration_ms = elapsed.as_secs_f64() * 1000.0,
+                    cache_hit = source == Source::Hit,
+                    shared_body = shared,
+                    "discovery request completed"
+                );
+                Ok(Response::new(EncodedReply { body: encoded.body, tail }))
+            }
+            Err(e) => {
+                metrics.requests.with_label_values(&[label, "error"]).inc();
+                tracing::error!(request_id, error = %e, "discovery request failed");
+                Err(e.into())
+            }
+        }
+    }
 }
+
+/// Field number of `ListCapabilitiesResponse.discovered_at`.
+const DISCOVERED_AT_TAG: u32 = 1;
 
 fn request_id<T>(request: &Request<T>) -> String {
     request
@@ -170,74 +280,12 @@ impl DiscoveryService for DiscoveryGrpc {
         &self,
         request: Request<pb::ListCapabilitiesRequest>,
     ) -> Result<Response<pb::ListCapabilitiesResponse>, Status> {
-        let started = Instant::now();
-        let request_id = request_id(&request);
-        let metrics = self.registry.metrics();
-        let (query, format) = match query_from_pb(request.get_ref()) {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                metrics.requests.with_label_values(&["grpc", "error"]).inc();
-                return Err(e.into());
-            }
-        };
-        let label = format.map_or("grpc", Format::as_str);
-        let detail = Detail {
-            descriptions: query.include_descriptions,
-            input_schema: query.include_input_schema,
-            output_schema: query.include_output_schema,
-            examples: query.include_examples,
-        };
-        let result = self
-            .registry
-            .query(&query, |page, now| pb::ListCapabilitiesResponse {
-                discovered_at: Some(timestamp(now)),
-                total_agents: u32::try_from(page.total_agents).unwrap_or(u32::MAX),
-                total_reasoners: u32::try_from(page.total_reasoners).unwrap_or(u32::MAX),
-                total_skills: u32::try_from(page.total_skills).unwrap_or(u32::MAX),
-                pagination: Some(pb::Pagination {
-                    limit: u32::try_from(page.limit).unwrap_or(u32::MAX),
-                    offset: u32::try_from(page.offset).unwrap_or(u32::MAX),
-                    has_more: page.has_more,
-                }),
-                capabilities: page
-                    .agents
-                    .iter()
-                    .map(|m| {
-                        agent_to_pb(
-                            m.record,
-                            m.health,
-                            m.last_heartbeat,
-                            m.reasoners.iter().copied(),
-                            m.skills.iter().copied(),
-                            detail,
-                        )
-                    })
-                    .collect(),
-                rendered: format.map(|f| render(f, page, &query, now)).unwrap_or_default(),
-            })
-            .await;
-        let elapsed = started.elapsed();
-        metrics.duration.with_label_values(&[label]).observe(elapsed.as_secs_f64());
-        match result {
-            Ok((response, source)) => {
-                metrics.requests.with_label_values(&[label, "success"]).inc();
-                tracing::info!(
-                    request_id,
-                    operation = "list_capabilities",
-                    format = label,
-                    agents = response.capabilities.len(),
-                    duration_ms = elapsed.as_secs_f64() * 1000.0,
-                    cache_hit = source == Source::Hit,
-                    "discovery request completed"
-                );
-                Ok(Response::new(response))
-            }
-            Err(e) => {
-                metrics.requests.with_label_values(&[label, "error"]).inc();
-                tracing::error!(request_id, error = %e, "discovery request failed");
-                Err(e.into())
-            }
-        }
+        // The server routes this method to `list_capabilities_encoded`
+        // directly (see `encoded.rs`); this path serves in-process callers.
+        let reply = self.list_capabilities_encoded(request).await?.into_inner();
+        pb::ListCapabilitiesResponse::decode(reply.body.chain(reply.tail.as_slice()))
+            .map(Response::new)
+            .map_err(|e| Status::internal(format!("re-reading an encoded response: {e}")))
     }
 
     type WatchCatalogStream = WatchStream;

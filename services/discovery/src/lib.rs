@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod convert;
+pub mod encoded;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
@@ -148,11 +149,13 @@ async fn router(
             .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let grpc = tonic::service::Routes::new(DiscoveryServiceServer::new(grpc::DiscoveryGrpc::new(registry.clone())))
+    let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone()));
+    let grpc = tonic::service::Routes::new(DiscoveryServiceServer::from_arc(discovery.clone()))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .into_axum_router();
+        .into_axum_router()
+        .route_service(encoded::PATH, encoded::ListCapabilitiesRoute(discovery));
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
     Ok(rest.merge(grpc).fallback(not_found))
 }

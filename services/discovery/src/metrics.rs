@@ -21,6 +21,8 @@ pub struct Metrics {
     pub cache_size_bytes: IntGauge,
     /// Agents held by the snapshot.
     pub cache_agents: IntGauge,
+    /// Responses served from an already encoded body.
+    pub encoded_hits: IntCounter,
     /// Filters used by capability queries.
     pub filter_usage: IntCounterVec,
     /// Registry writes by operation and result.
@@ -49,6 +51,10 @@ impl Metrics {
         let cache_size_bytes =
             IntGauge::new("agentmesh_discovery_cache_size_bytes", "Approximate size of the catalog snapshot")?;
         let cache_agents = IntGauge::new("agentmesh_discovery_cache_agents", "Agents in the catalog snapshot")?;
+        let encoded_hits = IntCounter::new(
+            "agentmesh_discovery_encoded_response_hits_total",
+            "Responses served from a body already encoded for the same query and catalog state",
+        )?;
         let filter_usage = IntCounterVec::new(
             Opts::new("agentmesh_discovery_filter_usage_total", "Filters used by capability queries"),
             &["filter_type"],
@@ -64,6 +70,7 @@ impl Metrics {
         registry.register(Box::new(cache_stale_served.clone()))?;
         registry.register(Box::new(cache_size_bytes.clone()))?;
         registry.register(Box::new(cache_agents.clone()))?;
+        registry.register(Box::new(encoded_hits.clone()))?;
         registry.register(Box::new(filter_usage.clone()))?;
         registry.register(Box::new(writes.clone()))?;
         Ok(Self {
@@ -75,6 +82,7 @@ impl Metrics {
             cache_stale_served,
             cache_size_bytes,
             cache_agents,
+            encoded_hits,
             filter_usage,
             writes,
         })

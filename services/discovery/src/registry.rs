@@ -15,7 +15,7 @@ use agentmesh_store::{AgentStore, CatalogChange};
 use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
 
-use crate::cache::{CatalogCache, Source};
+use crate::cache::{CatalogCache, Encoded, Source};
 use crate::error::DiscoveryError;
 use crate::metrics::Metrics;
 
@@ -159,6 +159,34 @@ impl Registry {
             "filters applied"
         );
         Ok((render(&page, now), source))
+    }
+
+    /// Like [`Registry::query`], for a response that does not depend on the
+    /// time of the request: the encoded body is built once per snapshot
+    /// state and `key`, and shared until a write, a heartbeat or a health
+    /// change makes it stale. The flag says whether it was shared.
+    pub async fn query_encoded(
+        &self,
+        query: &CapabilityQuery,
+        key: String,
+        build: impl FnOnce(&CatalogPage<'_>) -> Encoded,
+    ) -> Result<(Encoded, Source, bool), DiscoveryError> {
+        for filter in query.filters_used() {
+            self.metrics.filter_usage.with_label_values(&[filter]).inc();
+        }
+        let (snapshot, source) = self.cache.snapshot().await.map_err(|e| {
+            tracing::error!(error = %e, "catalog snapshot unavailable");
+            DiscoveryError::from(e)
+        })?;
+        let now = Utc::now();
+        if let Some(encoded) = snapshot.encoded(&key, now) {
+            self.metrics.encoded_hits.inc();
+            return Ok((encoded, source, true));
+        }
+        let beats = snapshot.beats();
+        let encoded = build(&snapshot.query(query, self.policy, now));
+        snapshot.keep_encoded(key, beats, now, self.policy, &encoded);
+        Ok((encoded, source, false))
     }
 
     /// Every agent in the current snapshot with its health.

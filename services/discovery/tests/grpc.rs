@@ -258,7 +258,61 @@ async fn health_and_reflection(backend: Backend) {
     assert_eq!(file.name(), "agentmesh/v1/discovery.proto");
 }
 
+/// Answers share one encoded body per query and catalog state; a heartbeat,
+/// a write, or the passing of a health boundary must each show at once.
+async fn shared_answers_follow_heartbeats_writes_and_health(backend: Backend) {
+    let Some(ctx) = Ctx::start_with(backend, |c| c.heartbeat_interval_secs = 0.2).await else {
+        return;
+    };
+    let mut c = client(&ctx).await;
+    c.register_agent(pb::RegisterAgentRequest { agent: Some(weather_agent("weather-tool-v2")) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // On PostgreSQL the write also comes back as a notification; let it land.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut list = async || {
+        c.list_capabilities(pb::ListCapabilitiesRequest::default()).await.unwrap_or_else(|e| panic!("{e}")).into_inner()
+    };
+    let first = list().await;
+    let second = list().await;
+    assert_eq!(first.capabilities, second.capabilities);
+    let at = |r: &pb::ListCapabilitiesResponse| r.discovered_at.map(|t| (t.seconds, t.nanos)).unwrap_or_default();
+    assert!(at(&second) > at(&first), "discovered_at is the time of each request, not of the shared body");
+    let (_, metrics) = ctx.get("/metrics").await;
+    let shared = metrics
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("agentmesh_discovery_encoded_response_hits_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_default();
+    assert!(shared >= 1, "the second answer reused the first body");
+
+    // A heartbeat shows in the very next answer.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut c2 = client(&ctx).await;
+    c2.heartbeat(pb::HeartbeatRequest { agent_id: "weather-tool-v2".into(), status: pb::HealthStatus::Active as i32 })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let beat = list().await;
+    let heard = |r: &pb::ListCapabilitiesResponse| r.capabilities[0].last_heartbeat.map(|t| (t.seconds, t.nanos));
+    assert!(heard(&beat) > heard(&first), "the heartbeat is visible");
+
+    // With no write at all, crossing 3 silent intervals turns it degraded.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let silent = list().await;
+    assert_eq!(silent.capabilities[0].health_status, pb::HealthStatus::Degraded as i32);
+    assert_eq!(list().await.capabilities[0].health_status, pb::HealthStatus::Degraded as i32);
+
+    // A registration shows at once.
+    c2.register_agent(pb::RegisterAgentRequest { agent: Some(weather_agent("weather-tool-v3")) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(list().await.capabilities.len(), 2);
+}
+
 both_backends!(
+    shared_answers_follow_heartbeats_writes_and_health,
     rpc_lifecycle,
     invalid_registration_has_field_details,
     list_capabilities_structured_and_rendered,

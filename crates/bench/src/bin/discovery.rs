@@ -182,11 +182,12 @@ async fn run_load(
     let start = Instant::now() + Duration::from_millis(500);
     let end = start + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::with_capacity(clients);
+    let reported = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for client_no in 0..clients {
         let base = base.to_owned();
         // Paced clients start spread evenly over one interval.
         let offset = paced.map_or(Duration::ZERO, |p| p.mul_f64(client_no as f64 / clients.max(1) as f64));
-        let mut next = Instant::now() + offset;
+        let reported = reported.clone();
         let channel = (!shared.is_empty()).then(|| shared[client_no % shared.len()].clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
@@ -197,10 +198,19 @@ async fn run_load(
                         None => tonic::transport::Channel::from_shared(base)?.connect().await?,
                     };
                     let mut client = DiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+                    // The schedule starts once connected, so that slow connects
+                    // do not turn into a burst of catch-up requests.
+                    let mut next = Instant::now() + offset;
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
                         let t0 = Instant::now();
-                        let ok = client.list_capabilities(query.grpc()).await.is_ok();
+                        let result = client.list_capabilities(query.grpc()).await;
+                        if let Err(e) = &result
+                            && !reported.swap(true, std::sync::atomic::Ordering::Relaxed)
+                        {
+                            eprintln!("first error: {e}");
+                        }
+                        let ok = result.is_ok();
                         if t0 >= start {
                             if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
                         }
@@ -209,12 +219,23 @@ async fn run_load(
                 Protocol::Rest => {
                     let client = reqwest::Client::builder().pool_max_idle_per_host(1).http1_only().build()?;
                     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
+                    // Connect first (one request outside the measurement), as
+                    // the gRPC clients do.
+                    if let Ok(r) = client.get(&url).send().await {
+                        let _ = r.bytes().await;
+                    }
+                    let mut next = Instant::now() + offset;
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
                         let t0 = Instant::now();
                         let ok = match client.get(&url).send().await {
                             Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-                            _ => false,
+                            other => {
+                                if !reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                    eprintln!("first error: {:?}", other.map(|r| r.status()));
+                                }
+                                false
+                            }
                         };
                         if t0 >= start {
                             if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
@@ -236,6 +257,7 @@ async fn run_load(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    agentmesh_llm::install_tls_provider();
     let args = Args::parse();
     if let Some(Command::Serve { database_url }) = args.command {
         tracing_subscriber::fmt().with_env_filter("warn").with_writer(std::io::stderr).init();
