@@ -58,8 +58,19 @@ const ENCODED_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 pub struct Encoded {
     /// The encoded body.
     pub body: bytes::Bytes,
-    /// Agents in it (for logs).
-    pub agents: usize,
+    /// Agents, reasoners and skills in it (for logs).
+    pub counts: [usize; 3],
+}
+
+impl Encoded {
+    /// Counts of a page, for [`Encoded::counts`].
+    pub fn counts_of(page: &CatalogPage<'_>) -> [usize; 3] {
+        [
+            page.agents.len(),
+            page.agents.iter().map(|a| a.reasoners.len()).sum(),
+            page.agents.iter().map(|a| a.skills.len()).sum(),
+        ]
+    }
 }
 
 #[derive(Debug)]

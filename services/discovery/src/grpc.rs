@@ -97,17 +97,16 @@ impl DiscoveryGrpc {
             Some(_) => {
                 self.registry
                     .query(&query, |page, now| {
-                        let built = response(page, Some(now));
-                        let agents = built.capabilities.len();
-                        (Encoded { body: built.encode_to_vec().into(), agents }, Vec::new(), false)
+                        let body = response(page, Some(now)).encode_to_vec().into();
+                        (Encoded { body, counts: Encoded::counts_of(page) }, Vec::new(), false)
                     })
                     .await
             }
             None => self
                 .registry
-                .query_encoded(&query, format!("{query:?}"), |page| {
-                    let built = response(page, None);
-                    Encoded { body: built.encode_to_vec().into(), agents: built.capabilities.len() }
+                .query_encoded(&query, format!("grpc {query:?}"), |page| Encoded {
+                    body: response(page, None).encode_to_vec().into(),
+                    counts: Encoded::counts_of(page),
                 })
                 .await
                 .map(|(encoded, source, shared)| {
@@ -125,7 +124,7 @@ impl DiscoveryGrpc {
                     request_id,
                     operation = "list_capabilities",
                     format = label,
-                    agents = encoded.agents,
+                    agents = encoded.counts[0],
                     duration_ms = elapsed.as_secs_f64() * 1000.0,
                     cache_hit = source == Source::Hit,
                     shared_body = shared,

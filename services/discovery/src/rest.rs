@@ -13,10 +13,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cache::Source;
+use crate::cache::{Encoded, Source};
 use crate::error::DiscoveryError;
 use crate::params::parse_query;
 use crate::registry::Registry;
@@ -108,21 +109,20 @@ async fn capabilities(
             return ApiError(e, request_id).into_response();
         }
     };
+    // The body is rendered once per query and catalog state with a
+    // placeholder time; each request puts its own `discovered_at` in.
     let result = state
         .registry
-        .query(&query, |page, now| {
-            let counts = (
-                page.agents.len(),
-                page.agents.iter().map(|a| a.reasoners.len()).sum::<usize>(),
-                page.agents.iter().map(|a| a.skills.len()).sum::<usize>(),
-            );
-            (render(format, page, &query, now), counts)
+        .query_encoded(&query, format!("rest {} {query:?}", format.as_str()), |page| Encoded {
+            body: render(format, page, &query, PLACEHOLDER_TIME).into(),
+            counts: Encoded::counts_of(page),
         })
         .await;
     let elapsed = started.elapsed();
     metrics.duration.with_label_values(&[format.as_str()]).observe(elapsed.as_secs_f64());
     match result {
-        Ok(((body, (agents, reasoners, skills)), source)) => {
+        Ok((Encoded { body, counts: [agents, reasoners, skills] }, source, shared)) => {
+            let body = with_time(&body, &timestamp(Utc::now()));
             metrics.requests.with_label_values(&[format.as_str(), "success"]).inc();
             tracing::info!(
                 request_id,
@@ -134,6 +134,7 @@ async fn capabilities(
                 skills,
                 duration_ms = elapsed.as_secs_f64() * 1000.0,
                 cache_hit = source == Source::Hit,
+                shared_body = shared,
                 "discovery request completed"
             );
             let mut headers = HeaderMap::new();
@@ -150,6 +151,27 @@ async fn capabilities(
             metrics.requests.with_label_values(&[format.as_str(), "error"]).inc();
             ApiError(e, request_id).into_response()
         }
+    }
+}
+
+/// The `discovered_at` a shared body is rendered with. Every format puts
+/// `discovered_at` before anything else that holds a time, so the first
+/// occurrence of this value is where the request's own time goes.
+const PLACEHOLDER_TIME: DateTime<Utc> = DateTime::UNIX_EPOCH;
+
+/// A shared body with the placeholder time replaced by `time`.
+fn with_time(body: &[u8], time: &str) -> Vec<u8> {
+    let placeholder = timestamp(PLACEHOLDER_TIME);
+    let at = body.windows(placeholder.len()).position(|w| w == placeholder.as_bytes());
+    match at {
+        Some(at) => {
+            let mut out = Vec::with_capacity(body.len() + time.len());
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(time.as_bytes());
+            out.extend_from_slice(&body[at + placeholder.len()..]);
+            out
+        }
+        None => body.to_vec(),
     }
 }
 

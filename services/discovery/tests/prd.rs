@@ -437,7 +437,27 @@ async fn thousand_concurrent_requests(backend: Backend) {
     assert_eq!(ctx.metric("agentmesh_discovery_requests_total{format=\"json\",status=\"error\"}").await, 0.0);
 }
 
+/// Bodies are shared between requests for the same query and catalog
+/// state, but each answer carries the time it was given, in every format.
+async fn each_answer_carries_its_own_time(backend: Backend) {
+    let Some(ctx) = ctx(backend).await else { return };
+    let recent = |text: &str| {
+        let at = chrono::DateTime::parse_from_rfc3339(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let age = chrono::Utc::now().signed_duration_since(at);
+        assert!(age.num_seconds().abs() <= 5, "discovered_at {text} is not the time of the request");
+    };
+    for _ in 0..2 {
+        recent(ctx.discover("").await["discovered_at"].as_str().unwrap_or_default());
+        recent(ctx.discover("format=compact").await["discovered_at"].as_str().unwrap_or_default());
+        let (_, xml) = ctx.get("/api/v1/discovery/capabilities?format=xml").await;
+        let xml = xml.as_str().unwrap_or_default().to_owned();
+        let doc = roxmltree::Document::parse(&xml).unwrap_or_else(|e| panic!("{e}"));
+        recent(doc.root_element().attribute("discovered_at").unwrap_or_default());
+    }
+}
+
 both_backends!(
+    each_answer_carries_its_own_time,
     basic_discovery,
     single_agent,
     multiple_agents,
