@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::cache::{Encoded, Source};
+use crate::encoded::Pieces;
 use crate::error::DiscoveryError;
 use crate::params::parse_query;
 use crate::registry::Registry;
@@ -122,7 +123,7 @@ async fn capabilities(
     metrics.duration.with_label_values(&[format.as_str()]).observe(elapsed.as_secs_f64());
     match result {
         Ok((Encoded { body, counts: [agents, reasoners, skills] }, source, shared)) => {
-            let body = with_time(&body, &timestamp(Utc::now()));
+            let body = with_time(body, &timestamp(Utc::now()));
             metrics.requests.with_label_values(&[format.as_str(), "success"]).inc();
             tracing::info!(
                 request_id,
@@ -159,20 +160,20 @@ async fn capabilities(
 /// occurrence of this value is where the request's own time goes.
 const PLACEHOLDER_TIME: DateTime<Utc> = DateTime::UNIX_EPOCH;
 
-/// A shared body with the placeholder time replaced by `time`.
-fn with_time(body: &[u8], time: &str) -> Vec<u8> {
+/// A shared body with the placeholder time replaced by `time`, sent without
+/// copying the shared parts.
+fn with_time(body: Bytes, time: &str) -> axum::body::Body {
     let placeholder = timestamp(PLACEHOLDER_TIME);
     let at = body.windows(placeholder.len()).position(|w| w == placeholder.as_bytes());
-    match at {
-        Some(at) => {
-            let mut out = Vec::with_capacity(body.len() + time.len());
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(time.as_bytes());
-            out.extend_from_slice(&body[at + placeholder.len()..]);
-            out
-        }
-        None => body.to_vec(),
-    }
+    let pieces = match at {
+        Some(at) => Pieces::new([
+            body.slice(..at),
+            Bytes::copy_from_slice(time.as_bytes()),
+            body.slice(at + placeholder.len()..),
+        ]),
+        None => Pieces::new([body]),
+    };
+    axum::body::Body::new(pieces)
 }
 
 /// Parses a JSON body into `T`, naming the path of the first problem.
