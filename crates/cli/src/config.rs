@@ -125,7 +125,7 @@ impl UpArgs {
 /// Flags of `agentmesh serve planner`.
 #[derive(Args, Debug)]
 pub struct PlannerArgs {
-    /// gRPC address [default: 127.0.0.1:7401].
+    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7401].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Discovery's address [default: http://127.0.0.1:7400].
@@ -158,6 +158,9 @@ pub struct PlannerArgs {
     /// The orchestrator's own agent ids, never planned for (repeatable).
     #[arg(long = "self-agent-id")]
     pub self_agent_ids: Vec<String>,
+    /// Seconds between checks of discovery and the store for health [default: 2].
+    #[arg(long, value_name = "SECONDS")]
+    pub health_check_interval_secs: Option<f64>,
     /// Print the resulting configuration and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -173,6 +176,7 @@ impl PlannerArgs {
         push(&mut out, "planner.llm", self.llm.clone());
         push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
         push(&mut out, "planner.llm_structured", self.llm_structured.clone());
+        push(&mut out, "planner.health_check_interval_secs", self.health_check_interval_secs);
         push(&mut out, "planner.llm_timeout_secs", self.llm_timeout);
         push(&mut out, "planner.llm_retries", self.llm_retries);
         push(&mut out, "planner.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));

@@ -57,7 +57,7 @@ enum Command {
 enum ServeCommand {
     /// The discovery service (agent registry), gRPC and HTTP on one port.
     Discovery(config::DiscoveryArgs),
-    /// The planner service (gRPC).
+    /// The planner service: gRPC, and HTTP (/metrics, /healthz, /readyz) on one port.
     Planner(config::PlannerArgs),
 }
 
