@@ -309,16 +309,12 @@ impl LlmProvider for Gemini {
         Some(StructuredMode::JsonSchema)
     }
 
-    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
-        self.run(request, None).await
-    }
-
-    async fn stream(
+    async fn generate(
         &self,
         request: &CompletionRequest,
-        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
     ) -> Result<Completion, LlmError> {
-        self.run(request, Some(on_text)).await
+        self.run(request, on_text).await
     }
 
     fn accepts_model(&self, name: &str) -> bool {

@@ -68,9 +68,17 @@ pub(crate) struct Post<'a> {
     pub mode_sensitive: bool,
 }
 
+/// A `reqwest::ClientBuilder`, with the TLS provider installed first. Build
+/// every `reqwest::Client` with it (clippy refuses the other ways).
+#[allow(clippy::disallowed_methods)]
+pub fn client_builder() -> reqwest::ClientBuilder {
+    install_tls_provider();
+    reqwest::Client::builder()
+}
+
 /// Installs rustls' `ring` provider as the process default, once. Every
 /// `reqwest::Client` in a process that links this crate needs it (HTTPS is
-/// built without a bundled provider); providers call it themselves.
+/// built without a bundled provider); [`client_builder`] calls it.
 pub fn install_tls_provider() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
@@ -81,8 +89,7 @@ pub fn install_tls_provider() {
 
 impl Http {
     pub(crate) fn new(settings: &HttpSettings) -> Result<Self, LlmError> {
-        install_tls_provider();
-        let mut builder = reqwest::Client::builder().timeout(settings.timeout);
+        let mut builder = client_builder().timeout(settings.timeout);
         if let Some(path) = &settings.ca_file {
             let pem = std::fs::read(path)
                 .map_err(|e| LlmError::Config(format!("cannot read the CA file {}: {e}", path.display())))?;

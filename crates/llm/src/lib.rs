@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use http::{HttpSettings, install_tls_provider};
+pub use http::{HttpSettings, client_builder, install_tls_provider};
 pub use retry::RetryPolicy;
 
 /// How a provider makes the model answer in JSON that fits a schema.
@@ -276,20 +276,28 @@ pub trait LlmProvider: Send + Sync {
     /// The structured-output mode this provider will use next for a schema
     /// (after `auto` has settled, the one that worked).
     fn structured_mode(&self) -> Option<StructuredMode>;
-    /// Completes a chat.
-    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError>;
+    /// Completes a chat. With `on_text` it streams: each piece of the answer
+    /// goes to `on_text` as the server produces it (a provider that cannot
+    /// stream delivers the answer in one piece), and the whole completion is
+    /// returned at the end.
+    async fn generate(
+        &self,
+        request: &CompletionRequest,
+        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+    ) -> Result<Completion, LlmError>;
 
-    /// Completes a chat, handing each piece of the answer to `on_text` as the
-    /// server produces it; returns the whole completion at the end. Providers
-    /// without streaming deliver the answer in one piece.
+    /// Completes a chat.
+    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+        self.generate(request, None).await
+    }
+
+    /// Completes a chat, streaming the answer to `on_text`.
     async fn stream(
         &self,
         request: &CompletionRequest,
         on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
     ) -> Result<Completion, LlmError> {
-        let completion = self.complete(request).await?;
-        on_text(&completion.text);
-        Ok(completion)
+        self.generate(request, Some(on_text)).await
     }
 
     /// Whether this provider can serve the model `name` (a name or an alias),
@@ -351,16 +359,12 @@ impl LlmProvider for Preferred<'_> {
         self.inner.structured_mode()
     }
 
-    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
-        self.inner.complete(&self.apply(request)).await
-    }
-
-    async fn stream(
+    async fn generate(
         &self,
         request: &CompletionRequest,
-        on_text: &mut (dyn for<'t> FnMut(&'t str) + Send),
+        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
     ) -> Result<Completion, LlmError> {
-        self.inner.stream(&self.apply(request), on_text).await
+        self.inner.generate(&self.apply(request), on_text).await
     }
 
     fn accepts_model(&self, name: &str) -> bool {

@@ -80,7 +80,11 @@ impl LlmProvider for ReplayProvider {
         None
     }
 
-    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+    async fn generate(
+        &self,
+        request: &CompletionRequest,
+        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+    ) -> Result<Completion, LlmError> {
         let started = Instant::now();
         let prompt: String = request
             .messages
@@ -101,8 +105,12 @@ impl LlmProvider for ReplayProvider {
             )));
         };
         used[i] = true;
+        let text = entry.parts().1;
+        if let Some(on_text) = on_text {
+            on_text(text);
+        }
         Ok(Completion {
-            text: entry.parts().1.to_owned(),
+            text: text.to_owned(),
             provider: "replay".into(),
             model: "replay".into(),
             structured_mode: None,

@@ -26,9 +26,11 @@ pub use agentmesh_llm::install_tls_provider as install_tls;
 
 /// An HTTP client for tests.
 pub fn http_client() -> reqwest::Client {
-    install_tls();
-    reqwest::Client::new()
+    agentmesh_llm::client_builder().build().unwrap_or_else(|e| panic!("building an HTTP client: {e}"))
 }
+
+/// A `reqwest::ClientBuilder` for tests that need other settings.
+pub use agentmesh_llm::client_builder as http_client_builder;
 
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};

@@ -410,8 +410,8 @@ async fn registration_validation(backend: Backend) {
 // 5.2.2 Performance under load: 1,000 concurrent requests, none failing
 async fn thousand_concurrent_requests(backend: Backend) {
     let Some(ctx) = ctx(backend).await else { return };
-    agentmesh_testkit::install_tls();
-    let client = reqwest::Client::builder().pool_max_idle_per_host(1000).build().unwrap_or_else(|e| panic!("{e}"));
+    let client =
+        agentmesh_testkit::http_client_builder().pool_max_idle_per_host(1000).build().unwrap_or_else(|e| panic!("{e}"));
     let queries = [
         "",
         "reasoner=*research*",

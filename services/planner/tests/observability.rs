@@ -73,7 +73,7 @@ async fn spawn_planner(config: PlannerConfig) -> (SocketAddr, tokio::task::JoinH
     let addr = listener.local_addr().unwrap();
     let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("http://{addr}/healthz")).await.is_err() {
+    while agentmesh_testkit::http_client().get(format!("http://{addr}/healthz")).send().await.is_err() {
         assert!(!planner.is_finished(), "planner exited at start");
         assert!(tokio::time::Instant::now() < deadline, "planner did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -122,7 +122,14 @@ async fn a_recovered_hallucination_is_counted_and_reported_as_span_events() {
     let rejected = client.create_plan(pb::CreatePlanRequest { query: " ".into(), ..Default::default() }).await;
     assert!(rejected.is_err());
 
-    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = agentmesh_testkit::http_client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let expected = [
         (r#"agentmesh_planner_requests_total{rpc="CreatePlan",status="OK"}"#, 1.0),
         (r#"agentmesh_planner_requests_total{rpc="CreatePlan",status="INVALID_ARGUMENT"}"#, 1.0),
@@ -191,7 +198,14 @@ async fn a_model_that_keeps_inventing_counts_as_unrecoverable() {
         })
         .await;
     assert_eq!(failed.err().map(|s| s.code()), Some(tonic::Code::FailedPrecondition));
-    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = agentmesh_testkit::http_client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for (series, value) in [
         (r#"agentmesh_planner_requests_total{rpc="CreatePlan",status="FAILED_PRECONDITION"}"#, 1.0),
         ("agentmesh_planner_hallucinations_detected_total", 2.0),
@@ -222,7 +236,7 @@ async fn grpc_status(addr: SocketAddr, service: &str) -> Option<ServingStatus> {
 }
 
 async fn readyz(addr: SocketAddr) -> (u16, Value) {
-    let r = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
+    let r = agentmesh_testkit::http_client().get(format!("http://{addr}/readyz")).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
@@ -266,7 +280,7 @@ async fn health_follows_discovery() {
     let (code, body) = readyz(addr).await;
     assert_eq!((code, body["status"].as_str()), (503, Some("not_ready")), "{body}");
     assert_eq!((&body["checks"]["discovery"]["ok"], &body["checks"]["store"]["ok"]), (&json!(false), &json!(true)));
-    let live = reqwest::get(format!("http://{addr}/healthz")).await.unwrap();
+    let live = agentmesh_testkit::http_client().get(format!("http://{addr}/healthz")).send().await.unwrap();
     assert_eq!(live.status().as_u16(), 200, "liveness does not depend on discovery");
 
     proxy.restore();

@@ -62,7 +62,12 @@ async fn start_server(model: &str) -> (Server, String) {
     let base = format!("http://127.0.0.1:{port}/v1");
     let started = Instant::now();
     loop {
-        if reqwest::get(format!("{base}/models")).await.is_ok_and(|r| r.status().is_success()) {
+        if agentmesh_testkit::http_client()
+            .get(format!("{base}/models"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             return (server, base);
         }
         assert!(started.elapsed() < Duration::from_secs(180), "llama_cpp.server did not start within 180 s");

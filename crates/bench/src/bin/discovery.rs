@@ -134,7 +134,7 @@ async fn serve_child(database_url: String) -> anyhow::Result<()> {
 }
 
 async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let client = agentmesh_llm::client_builder().build()?;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
@@ -217,7 +217,7 @@ async fn run_load(
                     }
                 }
                 Protocol::Rest => {
-                    let client = reqwest::Client::builder().pool_max_idle_per_host(1).http1_only().build()?;
+                    let client = agentmesh_llm::client_builder().pool_max_idle_per_host(1).http1_only().build()?;
                     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
                     // Connect first (one request outside the measurement), as
                     // the gRPC clients do.
@@ -257,7 +257,6 @@ async fn run_load(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    agentmesh_llm::install_tls_provider();
     let args = Args::parse();
     if let Some(Command::Serve { database_url }) = args.command {
         tracing_subscriber::fmt().with_env_filter("warn").with_writer(std::io::stderr).init();
@@ -288,7 +287,12 @@ async fn main() -> anyhow::Result<()> {
         // Let the server finish processing the registrations' notifications:
         // the table measures the steady state.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        reqwest::get(format!("{base}/api/v1/discovery/capabilities")).await?.error_for_status()?;
+        agentmesh_llm::client_builder()
+            .build()?
+            .get(format!("{base}/api/v1/discovery/capabilities"))
+            .send()
+            .await?
+            .error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
         let apis = [("grpc", Protocol::Grpc), ("rest", Protocol::Rest)];
         for (_, protocol) in apis.into_iter().filter(|(name, _)| args.apis.iter().any(|a| a == name)) {

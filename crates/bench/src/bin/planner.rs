@@ -226,7 +226,11 @@ impl LlmProvider for InstantLlm {
         Some(StructuredMode::JsonSchema)
     }
 
-    async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
+    async fn generate(
+        &self,
+        request: &CompletionRequest,
+        _on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+    ) -> Result<Completion, LlmError> {
         let started = Instant::now();
         if let (Some(sent), Some(schema)) = (&self.sent, &request.response_schema)
             && let Ok(mut sent) = sent.lock()
@@ -285,7 +289,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
             let _ = discovery_stopped.await;
         },
     ));
-    let http = reqwest::Client::new();
+    let http = agentmesh_llm::client_builder().build()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while http.get(format!("{discovery_url}/healthz")).send().await.is_err() {
         anyhow::ensure!(Instant::now() < deadline, "discovery did not start");
@@ -390,7 +394,6 @@ fn size_row(mode: &str, sent: &Sent) -> Vec<String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    agentmesh_llm::install_tls_provider();
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter("error").with_writer(std::io::stderr).init();
     let dir = std::env::temp_dir().join(format!("agentmesh-planner-bench-{}", std::process::id()));
