@@ -6,7 +6,7 @@
 //! unreachable the last snapshot keeps being served.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -26,17 +26,25 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 struct Liveness {
     last_heartbeat_ms: AtomicI64,
     degraded: AtomicBool,
+    /// Heartbeats applied in place, so that shared bodies holding this agent
+    /// can tell they are stale.
+    beats: AtomicU32,
 }
 
 impl Liveness {
     fn new(at_ms: i64, status: ReportedStatus) -> Self {
-        Self { last_heartbeat_ms: AtomicI64::new(at_ms), degraded: AtomicBool::new(status == ReportedStatus::Degraded) }
+        Self {
+            last_heartbeat_ms: AtomicI64::new(at_ms),
+            degraded: AtomicBool::new(status == ReportedStatus::Degraded),
+            beats: AtomicU32::new(0),
+        }
     }
 
     fn copy(&self) -> Self {
         Self {
             last_heartbeat_ms: AtomicI64::new(self.last_heartbeat_ms.load(Ordering::Relaxed)),
             degraded: AtomicBool::new(self.degraded.load(Ordering::Relaxed)),
+            beats: AtomicU32::new(0),
         }
     }
 }
@@ -73,12 +81,21 @@ impl Encoded {
     }
 }
 
+/// What a shared body depends on besides the snapshot itself.
+#[derive(Debug)]
+enum Stamp {
+    /// Every agent's health (a `health_status` filter decides membership):
+    /// `Snapshot::beats` when it was built.
+    All(u64),
+    /// Only the agents it holds: their positions and heartbeat counts.
+    Agents(Vec<(usize, u32)>),
+}
+
 #[derive(Debug)]
 struct EncodedEntry {
     encoded: Encoded,
-    /// `Snapshot::beats` when it was built.
-    beats: u64,
-    /// Unix ms at which some agent's derived health changes.
+    stamp: Stamp,
+    /// Unix ms at which the derived health of an agent it depends on changes.
     valid_until_ms: i64,
 }
 
@@ -125,47 +142,98 @@ impl Snapshot {
         }
     }
 
-    /// The encoded response of `key` built from this snapshot, while no
-    /// heartbeat has landed and no agent's health has changed since.
-    pub fn encoded(&self, key: &str, now: DateTime<Utc>) -> Option<Encoded> {
-        let cache = self.encoded.lock().ok()?;
-        let entry = cache.entries.get(key)?;
-        let valid = entry.beats == self.beats.load(Ordering::Acquire) && now.timestamp_millis() < entry.valid_until_ms;
-        valid.then(|| entry.encoded.clone())
+    /// The answer to `query` as `build` encodes it, shared with every other
+    /// request for the same `key` while nothing it shows has changed. Returns
+    /// whether the body was shared.
+    ///
+    /// A body goes stale at any write (a new snapshot), at a heartbeat of an
+    /// agent it holds, and when the derived health of such an agent changes.
+    /// Under a `health_status` filter it depends on every agent instead.
+    pub fn answer_encoded(
+        &self,
+        key: String,
+        query: &CapabilityQuery,
+        policy: HealthPolicy,
+        now: DateTime<Utc>,
+        build: impl FnOnce(&CatalogPage<'_>) -> Encoded,
+    ) -> (Encoded, bool) {
+        if let Some(encoded) = self.shared(&key, now) {
+            return (encoded, true);
+        }
+        // Read before the page is built: a heartbeat landing meanwhile makes
+        // the body stale at once.
+        let all = self.beats.load(Ordering::SeqCst);
+        let page = self.query(query, policy, now);
+        let encoded = build(&page);
+        let stamp = if query.health_status.is_some() {
+            Some((Stamp::All(all), self.next_health_change(0..self.agents.len(), policy, now)))
+        } else {
+            self.page_stamp(&page, policy, now)
+        };
+        if let Some((stamp, valid_until_ms)) = stamp {
+            self.keep(key, EncodedEntry { encoded: encoded.clone(), stamp, valid_until_ms }, now);
+        }
+        (encoded, false)
     }
 
-    /// Builds the response of `key` with `build` and keeps it (within the
-    /// byte budget). `beats` must be read before the page was built, so that
-    /// a heartbeat landing meanwhile makes the entry stale at once.
-    pub fn keep_encoded(&self, key: String, beats: u64, now: DateTime<Utc>, policy: HealthPolicy, encoded: &Encoded) {
-        let valid_until_ms = self.next_health_change(policy, now);
+    /// The heartbeat counts of the agents on `page`, if the page still shows
+    /// their current liveness (else a heartbeat raced the page: keep nothing).
+    fn page_stamp(&self, page: &CatalogPage<'_>, policy: HealthPolicy, now: DateTime<Utc>) -> Option<(Stamp, i64)> {
+        let mut agents = Vec::with_capacity(page.agents.len());
+        for shown in &page.agents {
+            let i = self.position(shown.record.id()).ok()?;
+            // The count first: a heartbeat raises it after updating liveness.
+            let beats = self.liveness[i].beats.load(Ordering::SeqCst);
+            let (at, reported) = self.live(i);
+            if at != shown.last_heartbeat || policy.derive(at, reported, now) != shown.health {
+                return None;
+            }
+            agents.push((i, beats));
+        }
+        let valid_until_ms = self.next_health_change(agents.iter().map(|(i, _)| *i), policy, now);
+        Some((Stamp::Agents(agents), valid_until_ms))
+    }
+
+    fn is_current(&self, entry: &EncodedEntry, now_ms: i64) -> bool {
+        now_ms < entry.valid_until_ms
+            && match &entry.stamp {
+                Stamp::All(beats) => *beats == self.beats.load(Ordering::SeqCst),
+                Stamp::Agents(agents) => {
+                    agents.iter().all(|(i, beats)| self.liveness[*i].beats.load(Ordering::SeqCst) == *beats)
+                }
+            }
+    }
+
+    fn shared(&self, key: &str, now: DateTime<Utc>) -> Option<Encoded> {
+        let cache = self.encoded.lock().ok()?;
+        let entry = cache.entries.get(key)?;
+        self.is_current(entry, now.timestamp_millis()).then(|| entry.encoded.clone())
+    }
+
+    /// Keeps a body within the byte budget: stale bodies go first; if that
+    /// is not enough, the new one is not kept.
+    fn keep(&self, key: String, entry: EncodedEntry, now: DateTime<Utc>) {
         let Ok(mut cache) = self.encoded.lock() else { return };
         if let Some(old) = cache.entries.remove(&key) {
             cache.bytes -= old.encoded.body.len();
         }
-        if cache.bytes + encoded.body.len() > ENCODED_BUDGET_BYTES {
-            // Stale entries go first; if that is not enough, the new one is not kept.
-            let current = self.beats.load(Ordering::Acquire);
+        let size = entry.encoded.body.len();
+        if cache.bytes + size > ENCODED_BUDGET_BYTES {
             let now_ms = now.timestamp_millis();
-            cache.entries.retain(|_, e| e.beats == current && now_ms < e.valid_until_ms);
+            cache.entries.retain(|_, e| self.is_current(e, now_ms));
             cache.bytes = cache.entries.values().map(|e| e.encoded.body.len()).sum();
-            if cache.bytes + encoded.body.len() > ENCODED_BUDGET_BYTES {
+            if cache.bytes + size > ENCODED_BUDGET_BYTES {
                 return;
             }
         }
-        cache.bytes += encoded.body.len();
-        cache.entries.insert(key, EncodedEntry { encoded: encoded.clone(), beats, valid_until_ms });
+        cache.bytes += size;
+        cache.entries.insert(key, entry);
     }
 
-    /// Heartbeats applied so far (see [`Snapshot::keep_encoded`]).
-    pub fn beats(&self) -> u64 {
-        self.beats.load(Ordering::Acquire)
-    }
-
-    /// The first instant after `now`, in Unix ms, at which any agent's derived
-    /// health changes (`i64::MAX` when none will).
-    fn next_health_change(&self, policy: HealthPolicy, now: DateTime<Utc>) -> i64 {
-        (0..self.agents.len())
+    /// The first instant after `now`, in Unix ms, at which the derived health
+    /// of one of `agents` changes (`i64::MAX` when none will).
+    fn next_health_change(&self, agents: impl Iterator<Item = usize>, policy: HealthPolicy, now: DateTime<Utc>) -> i64 {
+        agents
             .filter_map(|i| policy.next_transition(self.live(i).0, now))
             .map(|at| at.timestamp_millis())
             .min()
@@ -246,7 +314,9 @@ impl Snapshot {
         let l = &self.liveness[i];
         l.last_heartbeat_ms.fetch_max(at_ms, Ordering::Relaxed);
         l.degraded.store(status == ReportedStatus::Degraded, Ordering::Relaxed);
-        self.beats.fetch_add(1, Ordering::AcqRel);
+        // After the liveness: see `page_stamp`.
+        l.beats.fetch_add(1, Ordering::SeqCst);
+        self.beats.fetch_add(1, Ordering::SeqCst);
         true
     }
 

@@ -15,7 +15,7 @@ use agentmesh_store::{AgentStore, CatalogChange};
 use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
 
-use crate::cache::{CatalogCache, Encoded, Source};
+use crate::cache::{CatalogCache, Encoded, Snapshot, Source};
 use crate::error::DiscoveryError;
 use crate::metrics::Metrics;
 
@@ -141,13 +141,7 @@ impl Registry {
         query: &CapabilityQuery,
         render: impl FnOnce(&CatalogPage<'_>, DateTime<Utc>) -> R,
     ) -> Result<(R, Source), DiscoveryError> {
-        for filter in query.filters_used() {
-            self.metrics.filter_usage.with_label_values(&[filter]).inc();
-        }
-        let (snapshot, source) = self.cache.snapshot().await.map_err(|e| {
-            tracing::error!(error = %e, "catalog snapshot unavailable");
-            DiscoveryError::from(e)
-        })?;
+        let (snapshot, source) = self.snapshot_for(query).await?;
         let now = Utc::now();
         let page = snapshot.query(query, self.policy, now);
         tracing::debug!(
@@ -161,32 +155,34 @@ impl Registry {
         Ok((render(&page, now), source))
     }
 
+    /// The snapshot to answer `query` from, counting the filters it uses.
+    async fn snapshot_for(&self, query: &CapabilityQuery) -> Result<(Arc<Snapshot>, Source), DiscoveryError> {
+        for filter in query.filters_used() {
+            self.metrics.filter_usage.with_label_values(&[filter]).inc();
+        }
+        self.cache.snapshot().await.map_err(|e| {
+            tracing::error!(error = %e, "catalog snapshot unavailable");
+            DiscoveryError::from(e)
+        })
+    }
+
     /// Like [`Registry::query`], for a response that does not depend on the
-    /// time of the request: the encoded body is built once per snapshot
-    /// state and `key`, and shared until a write, a heartbeat or a health
-    /// change makes it stale. The flag says whether it was shared.
+    /// time of the request: the encoded body is built once per `key` and
+    /// catalog state, and shared until a write, a heartbeat or a health
+    /// change of an agent it shows makes it stale (see
+    /// [`Snapshot::answer_encoded`]). The flag says whether it was shared.
     pub async fn query_encoded(
         &self,
         query: &CapabilityQuery,
         key: String,
         build: impl FnOnce(&CatalogPage<'_>) -> Encoded,
     ) -> Result<(Encoded, Source, bool), DiscoveryError> {
-        for filter in query.filters_used() {
-            self.metrics.filter_usage.with_label_values(&[filter]).inc();
-        }
-        let (snapshot, source) = self.cache.snapshot().await.map_err(|e| {
-            tracing::error!(error = %e, "catalog snapshot unavailable");
-            DiscoveryError::from(e)
-        })?;
-        let now = Utc::now();
-        if let Some(encoded) = snapshot.encoded(&key, now) {
+        let (snapshot, source) = self.snapshot_for(query).await?;
+        let (encoded, shared) = snapshot.answer_encoded(key, query, self.policy, Utc::now(), build);
+        if shared {
             self.metrics.encoded_hits.inc();
-            return Ok((encoded, source, true));
         }
-        let beats = snapshot.beats();
-        let encoded = build(&snapshot.query(query, self.policy, now));
-        snapshot.keep_encoded(key, beats, now, self.policy, &encoded);
-        Ok((encoded, source, false))
+        Ok((encoded, source, shared))
     }
 
     /// Every agent in the current snapshot with its health.

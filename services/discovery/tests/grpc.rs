@@ -311,7 +311,55 @@ async fn shared_answers_follow_heartbeats_writes_and_health(backend: Backend) {
     assert_eq!(list().await.capabilities.len(), 2);
 }
 
+/// A shared body depends only on the agents it shows, unless a health filter
+/// makes every agent's health decide what it shows.
+async fn a_heartbeat_stales_only_the_bodies_that_show_its_agent(backend: Backend) {
+    let Some(ctx) = Ctx::start(backend).await else { return };
+    let mut c = client(&ctx).await;
+    for id in ["weather-tool-a", "weather-tool-b"] {
+        c.register_agent(pb::RegisterAgentRequest { agent: Some(weather_agent(id)) })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let only_a = || pb::ListCapabilitiesRequest { agent_ids: vec!["weather-tool-a".into()], ..Default::default() };
+    let active =
+        || pb::ListCapabilitiesRequest { health_status: pb::HealthStatus::Active as i32, ..Default::default() };
+    let shared = async || {
+        let (_, metrics) = ctx.get("/metrics").await;
+        metrics
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("agentmesh_discovery_encoded_response_hits_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_default()
+    };
+    let mut ask = async |request: pb::ListCapabilitiesRequest| {
+        c.list_capabilities(request).await.unwrap_or_else(|e| panic!("{e}")).into_inner()
+    };
+    ask(only_a()).await;
+    ask(active()).await;
+    let before = shared().await;
+    let mut beat = client(&ctx).await;
+    beat.heartbeat(pb::HeartbeatRequest {
+        agent_id: "weather-tool-b".into(),
+        status: pb::HealthStatus::Degraded as i32,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let a = ask(only_a()).await;
+    assert_eq!(shared().await, before + 1, "agent b's heartbeat left the body showing only agent a shared");
+    assert_eq!(a.capabilities.len(), 1);
+    let filtered = ask(active()).await;
+    assert_eq!(shared().await, before + 1, "the health-filtered body was rebuilt");
+    let ids: Vec<&str> = filtered.capabilities.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["weather-tool-a"], "b reported itself degraded");
+}
+
 both_backends!(
+    a_heartbeat_stales_only_the_bodies_that_show_its_agent,
     shared_answers_follow_heartbeats_writes_and_health,
     rpc_lifecycle,
     invalid_registration_has_field_details,
