@@ -1,5 +1,5 @@
-//! The planner service over real sockets: real discovery (SQLite), a
-//! scripted LLM server, the interaction log, and Replan.
+//! The planner service over real sockets: real discovery, a scripted LLM
+//! server, the interaction log, and Replan, on both store backends.
 
 #![allow(clippy::unwrap_used)]
 
@@ -7,7 +7,7 @@ use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_planner::PlannerConfig;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
-use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply, TestDatabase, bind_local, spawn_discovery};
+use agentmesh_testkit::{Backend, ScriptedLlmServer, ScriptedReply, TestDatabase, bind_local, spawn_discovery};
 use serde_json::json;
 use tonic::Code;
 
@@ -17,8 +17,18 @@ async fn register(url: &str, agent: serde_json::Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plans_over_discovery_without_the_caller_or_internal_capabilities() {
-    let db = TestDatabase::sqlite();
+async fn plans_over_discovery_without_the_caller_or_internal_capabilities_sqlite() {
+    plans_over_discovery_without_the_caller_or_internal_capabilities(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_over_discovery_without_the_caller_or_internal_capabilities_postgres() {
+    plans_over_discovery_without_the_caller_or_internal_capabilities(Backend::Postgres).await;
+}
+
+/// Discovery and the interaction log share the database under test.
+async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backend: Backend) {
+    let Some(db) = TestDatabase::new(backend).await else { return };
     let discovery =
         spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
     register(
