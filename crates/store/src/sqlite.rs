@@ -39,7 +39,7 @@ impl SqliteStore {
             .foreign_keys(true);
         // An in-memory database exists per connection: keep exactly one.
         let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { 8 })
+            .max_connections(if memory { 1 } else { 4 })
             .min_connections(if memory { 1 } else { 0 })
             .idle_timeout(None)
             .max_lifetime(None)

@@ -294,6 +294,13 @@ async fn main() -> anyhow::Result<()> {
             .await?
             .error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
+        let metrics =
+            agentmesh_llm::client_builder().build()?.get(format!("{base}/metrics")).send().await?.text().await?;
+        let snapshot_mib = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("agentmesh_discovery_cache_size_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |b| b / 1_048_576.0);
         let apis = [("grpc", Protocol::Grpc), ("rest", Protocol::Rest)];
         for (_, protocol) in apis.into_iter().filter(|(name, _)| args.apis.iter().any(|a| a == name)) {
             let paced = (args.paced_interval_ms > 0).then(|| Duration::from_millis(args.paced_interval_ms));
@@ -338,7 +345,13 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         let (rss_end, rss_peak) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
-        memory.push(vec![n.to_string(), format!("{rss_loaded:.1}"), format!("{rss_end:.1}"), format!("{rss_peak:.1}")]);
+        memory.push(vec![
+            n.to_string(),
+            format!("{snapshot_mib:.1}"),
+            format!("{rss_loaded:.1}"),
+            format!("{rss_end:.1}"),
+            format!("{rss_peak:.1}"),
+        ]);
         drop(child.stdin.take());
         let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         let _ = child.kill().await;
@@ -351,6 +364,15 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!("closed-loop: each client sends its next request as soon as the last one answers.");
     println!();
-    print_table(&["agents", "server RSS after load (MiB)", "RSS after benchmark (MiB)", "peak RSS (MiB)"], &memory);
+    print_table(
+        &[
+            "agents",
+            "snapshot estimate (MiB)",
+            "server RSS after load (MiB)",
+            "RSS after benchmark (MiB)",
+            "peak RSS (MiB)",
+        ],
+        &memory,
+    );
     Ok(())
 }
