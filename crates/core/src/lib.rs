@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod health;
 pub mod index;
+pub mod net;
 pub mod pattern;
 pub mod plan;
 pub mod query;

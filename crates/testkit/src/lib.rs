@@ -166,7 +166,7 @@ impl Drop for TestDatabase {
 
 /// A listener on an ephemeral loopback port, to hand to a server.
 pub async fn bind_local() -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind("127.0.0.1:0").await
+    agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 #[cfg(test)]

@@ -92,8 +92,8 @@ impl DiscoveryConfig {
 
 /// Binds `config.listen` and serves until `shutdown` resolves.
 pub async fn serve(config: DiscoveryConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener =
-        TcpListener::bind(config.listen).await.with_context(|| format!("binding discovery to {}", config.listen))?;
+    let listener = agentmesh_core::net::listen(config.listen)
+        .with_context(|| format!("binding discovery to {}", config.listen))?;
     serve_with_listener(config, listener, shutdown).await
 }
 

@@ -129,7 +129,7 @@ impl PlannerConfig {
 /// Binds `config.listen` and serves until `shutdown` resolves.
 pub async fn serve(config: PlannerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let listener =
-        TcpListener::bind(config.listen).await.with_context(|| format!("binding planner to {}", config.listen))?;
+        agentmesh_core::net::listen(config.listen).with_context(|| format!("binding planner to {}", config.listen))?;
     serve_with_listener(config, listener, shutdown).await
 }
 

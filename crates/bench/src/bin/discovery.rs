@@ -123,7 +123,7 @@ fn agent(i: usize) -> serde_json::Value {
 }
 
 async fn serve_child(database_url: String) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
     let config = agentmesh_discovery::DiscoveryConfig { database_url, ..Default::default() };
     agentmesh_discovery::serve_with_listener(config, listener, async {
