@@ -76,8 +76,10 @@ type Sink<'a> = Option<&'a mut (dyn FnMut(&str) + Send)>;
 
 impl OpenAiCompatible {
     /// A provider with the given settings.
-    pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
+    pub fn new(mut config: OpenAiConfig) -> Result<Self, LlmError> {
         let http = Http::new(&config.http)?;
+        // The configured model may itself be an alias (`--llm openai:fast`).
+        config.model = models::choose(config.family, &config.model, Some(&config.model));
         let endpoint = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
         let headers = config.api_key.iter().map(|key| ("authorization", format!("Bearer {key}"))).collect();
         Ok(Self { config, endpoint, headers, http })

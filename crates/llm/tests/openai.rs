@@ -246,6 +246,11 @@ async fn a_request_may_prefer_a_model_by_alias() {
     assert_eq!(sent[1].body["model"], "gpt-4.1-mini");
     assert_eq!(sent[1].body["temperature"], json!(0.3f32));
     assert!(!p.accepts_model("sonnet") && p.accepts_model("gpt-5"));
+
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "smart");
+    config.family = agentmesh_llm::models::Family::OpenAi;
+    let configured = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(configured.model(), "gpt-5", "an alias as the configured model resolves too");
 }
 
 #[tokio::test]
