@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 use crate::{StoreResult, from_ms};
 
@@ -77,8 +77,35 @@ pub trait InteractionLog: Send + Sync + 'static {
 }
 
 /// The columns, in insertion order.
-pub(crate) const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, structured_mode, \
+const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, structured_mode, \
 prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms";
+
+/// One multi-row INSERT of `records` (not empty), for either backend.
+pub(crate) fn insert<DB>(records: &[InteractionRecord], retention: Retention) -> QueryBuilder<DB>
+where
+    DB: Database,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<String>: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+{
+    let mut insert = QueryBuilder::new(format!("INSERT INTO agentmesh_llm_interactions ({COLUMNS}) "));
+    insert.push_values(records, |mut b, r| {
+        b.push_bind(r.request_id.clone())
+            .push_bind(r.kind.clone())
+            .push_bind(r.prompt.clone())
+            .push_bind(r.response.clone())
+            .push_bind(r.model.clone())
+            .push_bind(r.provider.clone())
+            .push_bind(r.structured_mode.clone())
+            .push_bind(r.prompt_tokens)
+            .push_bind(r.completion_tokens)
+            .push_bind(r.latency_ms)
+            .push_bind(r.error.clone())
+            .push_bind(r.created_at.timestamp_millis())
+            .push_bind(retention.expires_at_ms(r));
+    });
+    insert
+}
 
 /// Decodes one row selected with `id`, the columns above but `expires_at_ms`.
 pub(crate) fn decode<R>(row: &R) -> StoreResult<InteractionRecord>

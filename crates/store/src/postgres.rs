@@ -254,24 +254,7 @@ impl InteractionLog for PostgresStore {
         if records.is_empty() {
             return Ok(());
         }
-        let mut insert: QueryBuilder<Postgres> =
-            QueryBuilder::new(format!("INSERT INTO agentmesh_llm_interactions ({}) ", crate::interactions::COLUMNS));
-        insert.push_values(records, |mut b, r| {
-            b.push_bind(r.request_id.clone())
-                .push_bind(r.kind.clone())
-                .push_bind(r.prompt.clone())
-                .push_bind(r.response.clone())
-                .push_bind(r.model.clone())
-                .push_bind(r.provider.clone())
-                .push_bind(r.structured_mode.clone())
-                .push_bind(r.prompt_tokens)
-                .push_bind(r.completion_tokens)
-                .push_bind(r.latency_ms)
-                .push_bind(r.error.clone())
-                .push_bind(r.created_at.timestamp_millis())
-                .push_bind(retention.expires_at_ms(r));
-        });
-        insert.build().execute(&self.pool).await?;
+        crate::interactions::insert::<Postgres>(records, retention).build().execute(&self.pool).await?;
         Ok(())
     }
 
