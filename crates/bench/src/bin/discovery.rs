@@ -48,6 +48,17 @@ struct Args {
     /// per client), as gRPC clients that multiplex a channel do.
     #[arg(long, default_value_t = 0)]
     grpc_connections: usize,
+    /// gRPC clients decode each response into its message types. By default
+    /// they read the message bytes and stop there, as the REST clients read
+    /// the body without parsing its JSON, so that the rows measure the
+    /// server rather than a decoder sharing its cores.
+    #[arg(long)]
+    grpc_decode: bool,
+    /// HTTP/2 max frame size gRPC clients announce, in KiB (16 to 16383; 0
+    /// keeps the protocol's default of 16). Larger frames let the server
+    /// send a large answer in fewer writes.
+    #[arg(long, default_value_t = 0)]
+    grpc_max_frame_kib: u32,
     /// Registry database (default: a fresh SQLite file per catalog size).
     #[arg(long)]
     database_url: Option<String>,
@@ -122,6 +133,94 @@ fn agent(i: usize) -> serde_json::Value {
     })
 }
 
+/// A gRPC codec that encodes the request and reads the response message as
+/// bytes, without decoding it (see `--grpc-decode`).
+#[derive(Clone, Copy, Default)]
+struct RawResponse;
+
+impl tonic::codec::Codec for RawResponse {
+    type Encode = pb::ListCapabilitiesRequest;
+    type Decode = bytes::Bytes;
+    type Encoder = Self;
+    type Decoder = Self;
+    fn encoder(&mut self) -> Self {
+        *self
+    }
+    fn decoder(&mut self) -> Self {
+        *self
+    }
+}
+
+impl tonic::codec::Encoder for RawResponse {
+    type Item = pb::ListCapabilitiesRequest;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Self::Item, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        prost::Message::encode(&item, dst).map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+impl tonic::codec::Decoder for RawResponse {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<bytes::Bytes>, tonic::Status> {
+        use bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// How gRPC clients connect and read.
+#[derive(Clone, Copy)]
+struct GrpcOptions {
+    /// Shared HTTP/2 connections (0: one per client).
+    connections: usize,
+    /// Decode each response.
+    decode: bool,
+    /// HTTP/2 max frame size the client announces, in KiB (0: 16, the default).
+    max_frame_kib: u32,
+}
+
+fn grpc_endpoint(base: &str, max_frame_kib: u32) -> anyhow::Result<tonic::transport::Endpoint> {
+    let endpoint = tonic::transport::Channel::from_shared(base.to_owned())?;
+    Ok(if max_frame_kib == 0 { endpoint } else { endpoint.max_frame_size(max_frame_kib * 1024) })
+}
+
+/// One gRPC ListCapabilities call, decoded or not; the number of
+/// capabilities is checked on the first answer of each client.
+#[derive(Clone)]
+enum GrpcCaller {
+    Decoded(DiscoveryServiceClient<tonic::transport::Channel>),
+    Raw(tonic::client::Grpc<tonic::transport::Channel>),
+}
+
+impl GrpcCaller {
+    fn new(channel: tonic::transport::Channel, decode: bool) -> Self {
+        if decode {
+            Self::Decoded(DiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20))
+        } else {
+            Self::Raw(tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20))
+        }
+    }
+
+    /// The answer's capabilities when decoded; `None` for raw reads.
+    async fn call(&mut self, request: pb::ListCapabilitiesRequest) -> Result<Option<usize>, tonic::Status> {
+        match self {
+            Self::Decoded(client) => {
+                let response = client.list_capabilities(request).await?.into_inner();
+                Ok(Some(response.capabilities.len()))
+            }
+            Self::Raw(grpc) => {
+                grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                let path = http::uri::PathAndQuery::from_static("/agentmesh.v1.DiscoveryService/ListCapabilities");
+                let bytes = grpc.unary(tonic::Request::new(request), path, RawResponse).await?.into_inner();
+                if bytes.is_empty() {
+                    return Err(tonic::Status::internal("empty ListCapabilitiesResponse"));
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
 async fn serve_child(database_url: String) -> anyhow::Result<()> {
     let listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
@@ -171,12 +270,13 @@ async fn run_load(
     clients: usize,
     seconds: f64,
     paced: Option<Duration>,
-    grpc_connections: usize,
+    grpc: GrpcOptions,
 ) -> anyhow::Result<(Latencies, f64)> {
+    let GrpcOptions { connections: grpc_connections, decode: grpc_decode, .. } = grpc;
     let mut shared = Vec::new();
     if protocol == Protocol::Grpc {
         for _ in 0..grpc_connections {
-            shared.push(tonic::transport::Channel::from_shared(base.to_owned())?.connect().await?);
+            shared.push(grpc_endpoint(base, grpc.max_frame_kib)?.connect().await?);
         }
     }
     let start = Instant::now() + Duration::from_millis(500);
@@ -195,16 +295,22 @@ async fn run_load(
                 Protocol::Grpc => {
                     let channel = match channel {
                         Some(channel) => channel,
-                        None => tonic::transport::Channel::from_shared(base)?.connect().await?,
+                        None => grpc_endpoint(&base, grpc.max_frame_kib)?.connect().await?,
                     };
-                    let mut client = DiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+                    // Check the answer once, decoded, before the measured calls.
+                    let check = GrpcCaller::new(channel.clone(), true).call(query.grpc()).await?;
+                    anyhow::ensure!(check.unwrap_or(0) > 0, "the query returned no capabilities");
+                    let mut client = GrpcCaller::new(channel, grpc_decode);
                     // The schedule starts once connected, so that slow connects
                     // do not turn into a burst of catch-up requests.
                     let mut next = Instant::now() + offset;
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
                         let t0 = Instant::now();
-                        let result = client.list_capabilities(query.grpc()).await;
+                        if t0 >= end {
+                            break;
+                        }
+                        let result = client.call(query.grpc()).await;
                         if let Err(e) = &result
                             && !reported.swap(true, std::sync::atomic::Ordering::Relaxed)
                         {
@@ -228,6 +334,9 @@ async fn run_load(
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
                         let t0 = Instant::now();
+                        if t0 >= end {
+                            break;
+                        }
                         let ok = match client.get(&url).send().await {
                             Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
                             other => {
@@ -322,15 +431,31 @@ async fn main() -> anyhow::Result<()> {
             for (clients, pacing) in modes {
                 let queries = [("page", Query::Page), ("filtered", Query::Filtered)];
                 for (_, query) in queries.into_iter().filter(|(name, _)| args.queries.iter().any(|q| q == name)) {
-                    let (mut lat, rps) =
-                        run_load(&base, protocol, query, clients, args.seconds, pacing, args.grpc_connections).await?;
+                    let (mut lat, rps) = run_load(
+                        &base,
+                        protocol,
+                        query,
+                        clients,
+                        args.seconds,
+                        pacing,
+                        GrpcOptions {
+                            connections: args.grpc_connections,
+                            decode: args.grpc_decode,
+                            max_frame_kib: args.grpc_max_frame_kib,
+                        },
+                    )
+                    .await?;
                     let load = match pacing {
                         None => format!("{clients} closed-loop"),
                         Some(p) => format!("{clients} paced, 1 per {} ms", p.as_millis()),
                     };
                     let row = vec![
                         n.to_string(),
-                        if protocol == Protocol::Grpc { "gRPC".into() } else { "REST".into() },
+                        match protocol {
+                            Protocol::Grpc if args.grpc_decode => "gRPC (decoded)".into(),
+                            Protocol::Grpc => "gRPC".into(),
+                            Protocol::Rest => "REST".into(),
+                        },
                         query.name().into(),
                         load,
                         format!("{rps:.0}"),
