@@ -106,6 +106,9 @@ async fn forward_notifications(mut listener: PgListener, changes: broadcast::Sen
 #[async_trait]
 impl AgentStore for PostgresStore {
     async fn register(&self, def: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered> {
+        // Stored in whole milliseconds: the record returned is the one a
+        // later read gives back.
+        let now = crate::from_ms(now.timestamp_millis());
         let now_ms = now.timestamp_millis();
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(

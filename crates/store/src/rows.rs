@@ -100,6 +100,10 @@ where
     let mut agents = Vec::new();
     while let Some(row) = rows.try_next().await? {
         push_row(&mut agents, &row)?;
+        // A full read decodes every capability of the catalog: let other
+        // tasks on this worker run now and then (rows can arrive faster than
+        // the stream ever has to wait).
+        tokio::task::consume_budget().await;
     }
     agents.shrink_to_fit();
     Ok(agents)

@@ -82,6 +82,9 @@ async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
 #[async_trait]
 impl AgentStore for SqliteStore {
     async fn register(&self, def: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered> {
+        // Stored in whole milliseconds: the record returned is the one a
+        // later read gives back.
+        let now = from_ms(now.timestamp_millis());
         let now_ms = now.timestamp_millis();
         let _writer = self.write_lock.lock().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;

@@ -67,6 +67,16 @@ async fn contract(backend: Backend) {
     assert_eq!(b.updated_at, at(10));
     assert!(all[0].definition.skills[0].internal);
 
+    // The record a registration returns is the one a read gives back, even
+    // when the clock has sub-millisecond precision.
+    let precise = at(20) + chrono::Duration::microseconds(123);
+    let returned = store.register(&definition("c-agent", &["x"]), precise).await.unwrap_or_else(|e| panic!("{e}"));
+    let _ = next_change(&mut changes).await;
+    let read = store.list().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read.iter().find(|a| a.id() == "c-agent"), Some(&returned.record));
+    assert!(store.deregister("c-agent").await.unwrap_or_else(|e| panic!("{e}")));
+    let _ = next_change(&mut changes).await;
+
     // Heartbeats move forward only and record the reported status.
     let hb = store.heartbeat("b-agent", ReportedStatus::Degraded, at(20)).await.unwrap_or_else(|e| panic!("{e}"));
     let hb = hb.unwrap_or_else(|| panic!("b-agent exists"));

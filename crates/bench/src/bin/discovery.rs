@@ -59,6 +59,10 @@ struct Args {
     /// send a large answer in fewer writes.
     #[arg(long, default_value_t = 0)]
     grpc_max_frame_kib: u32,
+    /// Seconds between the server's background catalog reloads (its
+    /// `cache_ttl_secs`; 30 by default, as in the service).
+    #[arg(long, default_value_t = 30.0)]
+    cache_ttl_secs: f64,
     /// Registry database (default: a fresh SQLite file per catalog size).
     #[arg(long)]
     database_url: Option<String>,
@@ -72,6 +76,8 @@ enum Command {
     Serve {
         #[arg(long)]
         database_url: String,
+        #[arg(long)]
+        cache_ttl_secs: f64,
     },
 }
 
@@ -221,10 +227,10 @@ impl GrpcCaller {
     }
 }
 
-async fn serve_child(database_url: String) -> anyhow::Result<()> {
+async fn serve_child(database_url: String, cache_ttl_secs: f64) -> anyhow::Result<()> {
     let listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
-    let config = agentmesh_discovery::DiscoveryConfig { database_url, ..Default::default() };
+    let config = agentmesh_discovery::DiscoveryConfig { database_url, cache_ttl_secs, ..Default::default() };
     agentmesh_discovery::serve_with_listener(config, listener, async {
         let mut sink = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut sink).await;
@@ -255,6 +261,12 @@ async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The measured window: it opens after 0.5 s of warm-up.
+fn open_window(length: Duration) -> (Instant, Instant) {
+    let start = Instant::now() + Duration::from_millis(500);
+    (start, start + length)
+}
+
 /// Waits for the next paced slot, if pacing.
 async fn pace(interval: Option<Duration>, next: &mut Instant) {
     if let Some(interval) = interval {
@@ -279,8 +291,12 @@ async fn run_load(
             shared.push(grpc_endpoint(base, grpc.max_frame_kib)?.connect().await?);
         }
     }
-    let start = Instant::now() + Duration::from_millis(500);
-    let end = start + Duration::from_secs_f64(seconds);
+    // Every client connects (and sends one unmeasured request) first; the
+    // measured window opens 0.5 s after the last one is ready, so that no
+    // measured request competes with other clients' connection handshakes.
+    let ready = Arc::new(tokio::sync::Barrier::new(clients));
+    let window = Arc::new(std::sync::OnceLock::new());
+    let measure = Duration::from_secs_f64(seconds);
     let mut tasks = Vec::with_capacity(clients);
     let reported = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for client_no in 0..clients {
@@ -288,21 +304,26 @@ async fn run_load(
         // Paced clients start spread evenly over one interval.
         let offset = paced.map_or(Duration::ZERO, |p| p.mul_f64(client_no as f64 / clients.max(1) as f64));
         let reported = reported.clone();
+        let (ready, window) = (ready.clone(), window.clone());
         let channel = (!shared.is_empty()).then(|| shared[client_no % shared.len()].clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
             match protocol {
                 Protocol::Grpc => {
-                    let channel = match channel {
-                        Some(channel) => channel,
-                        None => grpc_endpoint(&base, grpc.max_frame_kib)?.connect().await?,
-                    };
-                    // Check the answer once, decoded, before the measured calls.
-                    let check = GrpcCaller::new(channel.clone(), true).call(query.grpc()).await?;
-                    anyhow::ensure!(check.unwrap_or(0) > 0, "the query returned no capabilities");
-                    let mut client = GrpcCaller::new(channel, grpc_decode);
-                    // The schedule starts once connected, so that slow connects
-                    // do not turn into a burst of catch-up requests.
+                    let connected = async {
+                        let channel = match channel {
+                            Some(channel) => channel,
+                            None => grpc_endpoint(&base, grpc.max_frame_kib)?.connect().await?,
+                        };
+                        // Check the answer once, decoded, before the measured calls.
+                        let check = GrpcCaller::new(channel.clone(), true).call(query.grpc()).await?;
+                        anyhow::ensure!(check.unwrap_or(0) > 0, "the query returned no capabilities");
+                        Ok(GrpcCaller::new(channel, grpc_decode))
+                    }
+                    .await;
+                    ready.wait().await;
+                    let mut client = connected?;
+                    let (start, end) = *window.get_or_init(|| open_window(measure));
                     let mut next = Instant::now() + offset;
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
@@ -330,6 +351,8 @@ async fn run_load(
                     if let Ok(r) = client.get(&url).send().await {
                         let _ = r.bytes().await;
                     }
+                    ready.wait().await;
+                    let (start, end) = *window.get_or_init(|| open_window(measure));
                     let mut next = Instant::now() + offset;
                     while Instant::now() < end {
                         pace(paced, &mut next).await;
@@ -367,9 +390,9 @@ async fn run_load(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Serve { database_url }) = args.command {
+    if let Some(Command::Serve { database_url, cache_ttl_secs }) = args.command {
         tracing_subscriber::fmt().with_env_filter("warn").with_writer(std::io::stderr).init();
-        return serve_child(database_url).await;
+        return serve_child(database_url, cache_ttl_secs).await;
     }
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
@@ -378,7 +401,7 @@ async fn main() -> anyhow::Result<()> {
         let db_path = std::env::temp_dir().join(format!("agentmesh-bench-{}-{n}.db", std::process::id()));
         let database_url = args.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", db_path.display()));
         let mut child = tokio::process::Command::new(&exe)
-            .args(["serve", "--database-url", &database_url])
+            .args(["serve", "--database-url", &database_url, "--cache-ttl-secs", &args.cache_ttl_secs.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -462,6 +485,7 @@ async fn main() -> anyhow::Result<()> {
                         format!("{:.2}", lat.percentile_ms(50.0)),
                         format!("{:.2}", lat.percentile_ms(95.0)),
                         format!("{:.2}", lat.percentile_ms(99.0)),
+                        format!("{:.2}", lat.percentile_ms(100.0)),
                         lat.errors.to_string(),
                     ];
                     eprintln!("{}", row.join(" | "));
@@ -485,7 +509,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     println!();
-    print_table(&["agents", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors"], &rows);
+    print_table(
+        &["agents", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"],
+        &rows,
+    );
     println!();
     println!("closed-loop: each client sends its next request as soon as the last one answers.");
     println!();
