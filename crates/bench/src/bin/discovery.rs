@@ -261,6 +261,17 @@ async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The size of one answer to `query`: REST JSON and the gRPC message.
+async fn answer_sizes(base: &str, query: Query) -> anyhow::Result<(usize, usize)> {
+    let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
+    let json = agentmesh_llm::client_builder().build()?.get(url).send().await?.error_for_status()?.bytes().await?;
+    let mut grpc = tonic::client::Grpc::new(grpc_endpoint(base, 0)?.connect().await?);
+    grpc.ready().await?;
+    let path = http::uri::PathAndQuery::from_static("/agentmesh.v1.DiscoveryService/ListCapabilities");
+    let message = grpc.unary(tonic::Request::new(query.grpc()), path, RawResponse).await?.into_inner();
+    Ok((json.len(), message.len()))
+}
+
 /// The measured window: it opens after 0.5 s of warm-up.
 fn open_window(length: Duration) -> (Instant, Instant) {
     let start = Instant::now() + Duration::from_millis(500);
@@ -433,6 +444,10 @@ async fn main() -> anyhow::Result<()> {
             .find_map(|l| l.strip_prefix("agentmesh_discovery_cache_size_bytes "))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map_or(f64::NAN, |b| b / 1_048_576.0);
+        for (name, query) in [("default page", Query::Page), ("filtered", Query::Filtered)] {
+            let (json, protobuf) = answer_sizes(&base, query).await?;
+            eprintln!("{name} answer at {n} agents: {json} bytes of JSON, {protobuf} bytes of protobuf");
+        }
         let apis = [("grpc", Protocol::Grpc), ("rest", Protocol::Rest)];
         for (_, protocol) in apis.into_iter().filter(|(name, _)| args.apis.iter().any(|a| a == name)) {
             let paced = (args.paced_interval_ms > 0).then(|| Duration::from_millis(args.paced_interval_ms));
