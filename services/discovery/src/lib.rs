@@ -14,6 +14,7 @@ pub mod params;
 pub mod registry;
 pub mod render;
 pub mod rest;
+pub mod snapshot;
 
 use std::future::Future;
 use std::net::SocketAddr;
