@@ -17,6 +17,15 @@ use crate::metrics::Metrics;
 pub use crate::snapshot::{Encoded, Snapshot};
 use crate::snapshot::{Patch, coalesce, replay_heartbeats};
 
+/// `snapshot` with `patches` applied: registrations and removals in one
+/// copy (if any), heartbeats in place.
+fn patched(snapshot: Arc<Snapshot>, patches: &[Patch]) -> Arc<Snapshot> {
+    let changes = coalesce(patches);
+    let snapshot = if changes.is_empty() { snapshot } else { Arc::new(snapshot.merged(changes)) };
+    replay_heartbeats(&snapshot, patches);
+    snapshot
+}
+
 /// How long a failed load is remembered before the database is tried again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
@@ -159,7 +168,7 @@ impl CatalogCache {
             *pending = Some(Vec::new());
         }
         let held = self.current().filter(|c| c.generation == generation);
-        let agents = match self.store.list().await {
+        let mut agents = match self.store.list().await {
             Ok(agents) => agents,
             Err(e) => {
                 self.take_pending();
@@ -174,37 +183,26 @@ impl CatalogCache {
             Some(held) if early.is_empty() => held.holds_same(&agents).await,
             _ => false,
         };
-        let fresh = |agents: Vec<AgentRecord>, patches: &[Patch]| {
-            let loaded = Snapshot::new(agents.into_iter().map(Arc::new).collect(), generation);
-            let snapshot = if patches.is_empty() { loaded } else { loaded.merged(coalesce(patches)) };
-            replay_heartbeats(&snapshot, patches);
-            Arc::new(snapshot)
-        };
-        let (mut built, mut agents) =
-            if unchanged { (None, Some(agents)) } else { (Some(fresh(agents, &early)), None) };
+        let fresh =
+            |agents: Vec<AgentRecord>| Arc::new(Snapshot::new(agents.into_iter().map(Arc::new).collect(), generation));
+        let built = (!unchanged).then(|| patched(fresh(std::mem::take(&mut agents)), &early));
         // Publish under the lock that writes take, with the writes noticed
         // since `early`: each is either replayed here or applied to the
         // published snapshot after it (applying one twice changes nothing).
         let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let late = self.take_pending();
-        if let (Some(held), Some(loaded)) = (&held, &agents)
+        if built.is_none()
             && late.is_empty()
-            && current.as_ref().is_some_and(|c| Arc::ptr_eq(c, held))
+            && let Some(held) = held
+            && current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &held))
         {
             drop(current);
-            held.renew(loaded);
+            held.renew(&agents);
             self.set_failed(false);
-            return Ok(held.clone());
+            return Ok(held);
         }
-        let loaded = match (built.take(), agents.take()) {
-            (Some(built), _) => built,
-            (None, agents) => fresh(agents.unwrap_or_default(), &[]),
-        };
-        let snapshot = if late.is_empty() { loaded } else { Arc::new(loaded.merged(coalesce(&late))) };
-        replay_heartbeats(&snapshot, &late);
-        self.metrics.cache_size_bytes.set(i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX));
-        self.metrics.cache_agents.set(i64::try_from(snapshot.len()).unwrap_or(i64::MAX));
-        *current = Some(snapshot.clone());
+        let snapshot = patched(built.unwrap_or_else(|| fresh(agents)), &late);
+        self.publish(&mut current, snapshot.clone());
         drop(current);
         self.set_failed(false);
         Ok(snapshot)
@@ -233,28 +231,17 @@ impl CatalogCache {
         {
             pending.extend(patches.iter().cloned());
         }
-        let Ok(mut current) = self.current.write() else {
-            return;
-        };
-        let Some(snapshot) = current.as_ref() else {
-            return;
-        };
-        let changes = coalesce(&patches);
-        if !changes.is_empty() {
-            let next = snapshot.merged(changes);
-            self.metrics.cache_size_bytes.set(i64::try_from(next.size_bytes).unwrap_or(i64::MAX));
-            self.metrics.cache_agents.set(i64::try_from(next.len()).unwrap_or(i64::MAX));
-            *current = Some(Arc::new(next));
+        let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(snapshot) = current.clone() {
+            self.publish(&mut current, patched(snapshot, &patches));
         }
-        if let Some(snapshot) = current.as_ref() {
-            for patch in &patches {
-                if let Patch::Heartbeat { agent_id, status, at_ms } = patch
-                    && !snapshot.beat(agent_id, *status, *at_ms)
-                {
-                    tracing::debug!(agent_id, "heartbeat for an agent not in the snapshot");
-                }
-            }
-        }
+    }
+
+    /// Makes `snapshot` the current one (the caller holds the write lock).
+    fn publish(&self, current: &mut Option<Arc<Snapshot>>, snapshot: Arc<Snapshot>) {
+        self.metrics.cache_size_bytes.set(i64::try_from(snapshot.size_bytes).unwrap_or(i64::MAX));
+        self.metrics.cache_agents.set(i64::try_from(snapshot.len()).unwrap_or(i64::MAX));
+        *current = Some(snapshot);
     }
 
     /// Applies registrations (newest version wins) and removals in one copy.

@@ -22,8 +22,10 @@ fn monotonic_ms() -> u64 {
 /// Applies the heartbeats among `patches` in place.
 pub(crate) fn replay_heartbeats(snapshot: &Snapshot, patches: &[Patch]) {
     for patch in patches {
-        if let Patch::Heartbeat { agent_id, status, at_ms } = patch {
-            snapshot.beat(agent_id, *status, *at_ms);
+        if let Patch::Heartbeat { agent_id, status, at_ms } = patch
+            && !snapshot.beat(agent_id, *status, *at_ms)
+        {
+            tracing::debug!(agent_id, "heartbeat for an agent not in the snapshot");
         }
     }
 }
