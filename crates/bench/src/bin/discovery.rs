@@ -215,9 +215,7 @@ impl GrpcCaller {
                 Ok(Some(response.capabilities.len()))
             }
             Self::Raw(grpc) => {
-                grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-                let path = http::uri::PathAndQuery::from_static("/agentmesh.v1.DiscoveryService/ListCapabilities");
-                let bytes = grpc.unary(tonic::Request::new(request), path, RawResponse).await?.into_inner();
+                let bytes = raw_list_capabilities(grpc, request).await?;
                 if bytes.is_empty() {
                     return Err(tonic::Status::internal("empty ListCapabilitiesResponse"));
                 }
@@ -266,10 +264,18 @@ async fn answer_sizes(base: &str, query: Query) -> anyhow::Result<(usize, usize)
     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
     let json = agentmesh_llm::client_builder().build()?.get(url).send().await?.error_for_status()?.bytes().await?;
     let mut grpc = tonic::client::Grpc::new(grpc_endpoint(base, 0)?.connect().await?);
-    grpc.ready().await?;
-    let path = http::uri::PathAndQuery::from_static("/agentmesh.v1.DiscoveryService/ListCapabilities");
-    let message = grpc.unary(tonic::Request::new(query.grpc()), path, RawResponse).await?.into_inner();
+    let message = raw_list_capabilities(&mut grpc, query.grpc()).await?;
     Ok((json.len(), message.len()))
+}
+
+/// One `ListCapabilities` call whose answer is read as bytes, not decoded.
+async fn raw_list_capabilities(
+    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    request: pb::ListCapabilitiesRequest,
+) -> Result<bytes::Bytes, tonic::Status> {
+    grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let path = http::uri::PathAndQuery::from_static(agentmesh_discovery::encoded::PATH);
+    Ok(grpc.unary(tonic::Request::new(request), path, RawResponse).await?.into_inner())
 }
 
 /// The measured window: it opens after 0.5 s of warm-up.
