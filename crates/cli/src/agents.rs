@@ -6,9 +6,9 @@ use agentmesh_core::AgentDefinition;
 use agentmesh_discovery::convert::{agent_pb_to_json, definition_to_pb, health_name};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_telemetry::rpc::TracedChannel;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use tonic::transport::Channel;
 
 /// `agentmesh agents` flags.
 #[derive(Args, Debug)]
@@ -67,10 +67,8 @@ enum ListFormat {
     Compact,
 }
 
-async fn client(url: &str) -> anyhow::Result<DiscoveryServiceClient<Channel>> {
-    DiscoveryServiceClient::connect(url.to_owned())
-        .await
-        .with_context(|| format!("connecting to discovery at {url}; is it running (`agentmesh up`)?"))
+async fn client(url: &str) -> anyhow::Result<DiscoveryServiceClient<TracedChannel>> {
+    Ok(DiscoveryServiceClient::new(crate::connect::connect(url, "discovery", "agentmesh up").await?))
 }
 
 fn status_error(status: tonic::Status) -> anyhow::Error {

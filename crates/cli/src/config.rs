@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_planner::PlannerConfig;
+use agentmesh_telemetry::TelemetryConfig;
 use anyhow::Context;
 use clap::Args;
 use figment::Figment;
@@ -22,6 +23,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// `[planner]` section.
     pub planner: PlannerConfig,
+    /// `[telemetry]` section: logs and trace export, for every command.
+    pub telemetry: TelemetryConfig,
 }
 
 /// A flag that overrides one configuration key.
@@ -38,7 +41,7 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
         Env::prefixed("AGENTMESH_")
             .filter(|key| {
                 let key = key.as_str().to_ascii_lowercase();
-                key.starts_with("discovery__") || key.starts_with("planner__")
+                ["discovery__", "planner__", "telemetry__"].iter().any(|section| key.starts_with(section))
             })
             .split("__"),
     );
@@ -55,6 +58,59 @@ fn push<T: Serialize>(out: &mut Vec<Override>, key: &'static str, value: Option<
         && let Ok(value) = figment::value::Value::serialize(value)
     {
         out.push((key, value));
+    }
+}
+
+/// Log and trace flags, accepted by every command.
+#[derive(Args, Debug)]
+pub struct TelemetryArgs {
+    /// Log output format [default: text].
+    #[arg(long, global = true, value_enum, env = "AGENTMESH_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// OTLP collector receiving traces, e.g. http://127.0.0.1:4317 (gRPC) or
+    /// http://127.0.0.1:4318 (HTTP); else OTEL_EXPORTER_OTLP_ENDPOINT; none: no export.
+    #[arg(long, global = true, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP protocol: grpc or http/protobuf [default: grpc on port 4317, else http/protobuf].
+    #[arg(long, global = true, value_parser = ["grpc", "http/protobuf"])]
+    pub otlp_protocol: Option<String>,
+    /// Trace sampler, as OTEL_TRACES_SAMPLER names it [default: parentbased_always_on].
+    #[arg(long, global = true)]
+    pub trace_sampler: Option<String>,
+    /// Ratio of the traceidratio samplers, 0 to 1.
+    #[arg(long, global = true)]
+    pub trace_sampler_arg: Option<f64>,
+    /// Record LLM prompts and completions on the LLM call spans.
+    #[arg(long, global = true)]
+    pub trace_llm_content: bool,
+}
+
+/// Log line formats.
+#[derive(Copy, Clone, Debug, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl TelemetryArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        let format = self.log_format.map(|f| match f {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        });
+        push(&mut out, "telemetry.log_format", format);
+        push(&mut out, "telemetry.otlp_endpoint", self.otlp_endpoint.clone());
+        push(&mut out, "telemetry.otlp_protocol", self.otlp_protocol.clone());
+        push(&mut out, "telemetry.sampler", self.trace_sampler.clone());
+        push(&mut out, "telemetry.sampler_arg", self.trace_sampler_arg);
+        if self.trace_llm_content {
+            push(&mut out, "telemetry.capture_llm_content", Some(true));
+        }
+        out
     }
 }
 

@@ -7,12 +7,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod agents;
 mod config;
+mod connect;
 mod plan;
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 /// agentmesh: find agents, plan over what exists, run plans, answer.
 #[derive(Parser, Debug)]
@@ -21,19 +21,10 @@ struct Cli {
     /// TOML configuration file (defaults < file < AGENTMESH_* environment < flags).
     #[arg(long, global = true, env = "AGENTMESH_CONFIG")]
     config: Option<PathBuf>,
-    /// Log output format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "AGENTMESH_LOG_FORMAT")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    telemetry: config::TelemetryArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Copy, Clone, Debug, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -61,16 +52,6 @@ enum ServeCommand {
     Planner(config::PlannerArgs),
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn,hyper=warn,tower=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
-    }
-}
-
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -93,35 +74,79 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    match run(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+impl Command {
+    /// The name this process reports in traces.
+    fn service_name(&self) -> &'static str {
+        match self {
+            Command::Serve { service: ServeCommand::Discovery(_) } => "agentmesh-discovery",
+            Command::Serve { service: ServeCommand::Planner(_) } => "agentmesh-planner",
+            Command::Up(_) => "agentmesh",
+            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => "agentmesh-cli",
+        }
+    }
+
+    /// The command's flags, as configuration overrides.
+    fn overrides(&self) -> anyhow::Result<Vec<config::Override>> {
+        Ok(match self {
+            Command::Serve { service: ServeCommand::Discovery(args) } => args.overrides(),
+            Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
+            Command::Up(args) => args.overrides()?,
+            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => Vec::new(),
+        })
+    }
+
+    fn prints_config(&self) -> bool {
+        match self {
+            Command::Serve { service: ServeCommand::Discovery(args) } => args.print_config,
+            Command::Serve { service: ServeCommand::Planner(args) } => args.print_config,
+            Command::Up(args) => args.print_config,
+            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => false,
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Serve { service: ServeCommand::Discovery(args) } => {
-            let config = config::load(cli.config.as_deref(), &args.overrides())?;
-            if args.print_config {
-                println!("{}", toml::to_string_pretty(&config).context("printing config")?);
-                return Ok(());
+fn fail(e: &anyhow::Error) -> std::process::ExitCode {
+    eprintln!("error: {e:#}");
+    std::process::ExitCode::FAILURE
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let config = match cli.command.overrides().and_then(|mut overrides| {
+        overrides.extend(cli.telemetry.overrides());
+        config::load(cli.config.as_deref(), &overrides)
+    }) {
+        Ok(config) => config,
+        Err(e) => return fail(&e),
+    };
+    if cli.command.prints_config() {
+        return match toml::to_string_pretty(&config) {
+            Ok(text) => {
+                println!("{text}");
+                std::process::ExitCode::SUCCESS
             }
+            Err(e) => fail(&anyhow::Error::new(e).context("printing config")),
+        };
+    }
+    let telemetry = match agentmesh_telemetry::init(cli.command.service_name(), &config.telemetry) {
+        Ok(telemetry) => telemetry,
+        Err(e) => return fail(&e),
+    };
+    let result = run(cli.command, config).await;
+    telemetry.shutdown().await;
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
+    match command {
+        Command::Serve { service: ServeCommand::Discovery(_) } => {
             agentmesh_discovery::serve(config.discovery, shutdown_signal()).await
         }
-        Command::Up(args) => {
-            let config = config::load(cli.config.as_deref(), &args.overrides()?)?;
-            if args.print_config {
-                println!("{}", toml::to_string_pretty(&config).context("printing config")?);
-                return Ok(());
-            }
+        Command::Up(_) => {
             eprintln!(
                 "agentmesh up: discovery on {} (gRPC and HTTP), registry {}",
                 config.discovery.listen,
@@ -129,12 +154,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             agentmesh_discovery::serve(config.discovery, shutdown_signal()).await
         }
-        Command::Serve { service: ServeCommand::Planner(args) } => {
-            let config = config::load(cli.config.as_deref(), &args.overrides())?;
-            if args.print_config {
-                println!("{}", toml::to_string_pretty(&config).context("printing config")?);
-                return Ok(());
-            }
+        Command::Serve { service: ServeCommand::Planner(_) } => {
             agentmesh_planner::serve(config.planner, shutdown_signal()).await
         }
         Command::Agents(args) => agents::run(args).await,

@@ -2,7 +2,7 @@
 
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
-use anyhow::Context;
+use agentmesh_telemetry::rpc::TracedChannel;
 use clap::Args;
 use serde_json::json;
 
@@ -38,10 +38,8 @@ pub struct InteractionsArgs {
     planner: String,
 }
 
-async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<tonic::transport::Channel>> {
-    PlannerServiceClient::connect(url.to_owned())
-        .await
-        .with_context(|| format!("connecting to the planner at {url}; is it running (`agentmesh serve planner`)?"))
+async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<TracedChannel>> {
+    Ok(PlannerServiceClient::new(crate::connect::connect(url, "the planner", "agentmesh serve planner").await?))
 }
 
 /// Prints a plan for a request.

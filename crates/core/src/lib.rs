@@ -5,7 +5,6 @@
 pub mod agent;
 pub mod health;
 pub mod index;
-pub mod net;
 pub mod pattern;
 pub mod plan;
 pub mod query;

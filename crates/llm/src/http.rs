@@ -3,7 +3,6 @@
 //! failed exchange, retries with backoff, and server-sent events.
 
 use std::path::PathBuf;
-use std::sync::Once;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -68,24 +67,7 @@ pub(crate) struct Post<'a> {
     pub mode_sensitive: bool,
 }
 
-/// A `reqwest::ClientBuilder`, with the TLS provider installed first. Build
-/// every `reqwest::Client` with it (clippy refuses the other ways).
-#[allow(clippy::disallowed_methods)]
-pub fn client_builder() -> reqwest::ClientBuilder {
-    install_tls_provider();
-    reqwest::Client::builder()
-}
-
-/// Installs rustls' `ring` provider as the process default, once. Every
-/// `reqwest::Client` in a process that links this crate needs it (HTTPS is
-/// built without a bundled provider); [`client_builder`] calls it.
-pub fn install_tls_provider() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        // Fails only when the process installed a provider already, which is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use agentmesh_telemetry::http::{client_builder, install_tls_provider};
 
 impl Http {
     pub(crate) fn new(settings: &HttpSettings) -> Result<Self, LlmError> {

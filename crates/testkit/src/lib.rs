@@ -9,6 +9,7 @@
 //! that it was skipped, loudly, and returns.
 
 mod llm;
+mod otlp;
 mod proxy;
 mod service;
 
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply, TEST_CA_PEM};
+pub use otlp::{OtlpReceiver, ReceivedEvent, ReceivedSpan, kind as span_kind};
 pub use proxy::TcpProxy;
 pub use service::{RunningService, init_tracing, spawn_discovery};
 
@@ -166,7 +168,7 @@ impl Drop for TestDatabase {
 
 /// A listener on an ephemeral loopback port, to hand to a server.
 pub async fn bind_local() -> std::io::Result<tokio::net::TcpListener> {
-    agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+    agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 #[cfg(test)]

@@ -39,9 +39,6 @@ pub enum DiscoveryError {
     /// No such agent.
     #[error("agent `{0}` is not registered")]
     NotFound(String),
-    /// No such REST route.
-    #[error("no route {0}; see docs/api/discovery.md for the API")]
-    RouteNotFound(String),
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
     Unavailable(String),
@@ -89,7 +86,7 @@ impl DiscoveryError {
         match self {
             Self::InvalidParameter { .. } | Self::Validation(_) | Self::InvalidJson { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::NotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -109,7 +106,6 @@ impl DiscoveryError {
             Self::InvalidJson { path, .. } => ("invalid_json", Some(json!({"path": path}))),
             Self::PayloadTooLarge(limit) => ("payload_too_large", Some(json!({"limit_bytes": limit}))),
             Self::NotFound(id) => ("not_found", Some(json!({"agent_id": id}))),
-            Self::RouteNotFound(path) => ("not_found", Some(json!({"path": path}))),
             Self::Unavailable(_) => ("unavailable", None),
             Self::Internal(_) => ("internal_error", None),
         };
@@ -144,7 +140,6 @@ impl From<DiscoveryError> for tonic::Status {
             DiscoveryError::InvalidJson { .. } => tonic::Status::invalid_argument(message),
             DiscoveryError::PayloadTooLarge(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::NotFound(_) => tonic::Status::not_found(message),
-            DiscoveryError::RouteNotFound(_) => tonic::Status::unimplemented(message),
             DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
             DiscoveryError::Internal(_) => tonic::Status::internal(message),
         }

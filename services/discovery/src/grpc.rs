@@ -24,7 +24,7 @@ use crate::encoded::EncodedReply;
 use crate::error::DiscoveryError;
 use crate::registry::{CatalogEvent, EventKind, Registry};
 use crate::render::{Format, render};
-use crate::rest::new_request_id;
+use agentmesh_server::new_request_id;
 
 /// The gRPC service.
 pub struct DiscoveryGrpc {

@@ -24,7 +24,6 @@ use std::time::Duration;
 use agentmesh_core::HealthPolicy;
 use agentmesh_proto::v1::discovery_service_server::DiscoveryServiceServer;
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -48,8 +47,12 @@ pub struct DiscoveryConfig {
     pub heartbeat_interval_secs: f64,
     /// Seconds a catalog snapshot is served before it is reloaded.
     pub cache_ttl_secs: f64,
-    /// Largest accepted REST request body, in bytes.
+    /// Largest accepted request body (REST or gRPC), in bytes.
     pub max_request_bytes: usize,
+    /// Seconds a request may take to be answered (a shorter `grpc-timeout` wins).
+    pub request_timeout_secs: f64,
+    /// Requests handled at once; more wait for a slot.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for DiscoveryConfig {
@@ -60,6 +63,8 @@ impl Default for DiscoveryConfig {
             heartbeat_interval_secs: 10.0,
             cache_ttl_secs: 30.0,
             max_request_bytes: 1024 * 1024,
+            request_timeout_secs: 30.0,
+            max_concurrent_requests: 10_000,
         }
     }
 }
@@ -79,11 +84,26 @@ impl DiscoveryConfig {
         );
         anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
         anyhow::ensure!(
+            self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,
+            "request_timeout_secs must be at least 0.001, got {}",
+            self.request_timeout_secs
+        );
+        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
             self.database_url
         );
         Ok(())
+    }
+
+    /// The limits of the shared server stack.
+    pub fn limits(&self) -> agentmesh_server::Limits {
+        agentmesh_server::Limits {
+            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_request_bytes: self.max_request_bytes,
+        }
     }
 
     fn policy(&self) -> HealthPolicy {
@@ -93,7 +113,7 @@ impl DiscoveryConfig {
 
 /// Binds `config.listen` and serves until `shutdown` resolves.
 pub async fn serve(config: DiscoveryConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener = agentmesh_core::net::listen(config.listen)
+    let listener = agentmesh_server::net::listen(config.listen)
         .with_context(|| format!("binding discovery to {}", config.listen))?;
     serve_with_listener(config, listener, shutdown).await
 }
@@ -118,62 +138,36 @@ pub async fn serve_with_listener(
     let (stop_tx, stop_rx) = watch::channel(false);
     registry.spawn_background(stop_rx.clone());
     let app = router(registry.clone(), &config, stop_rx).await?;
-    let addr = listener.local_addr()?;
-    tracing::info!(%addr, backend = store.backend(), "discovery listening (gRPC and HTTP)");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await
-        .context("serving discovery")?;
+    tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "discovery listening (gRPC and HTTP)");
+    agentmesh_server::serve("discovery", listener, app, async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await?;
     tracing::info!("discovery stopped");
     Ok(())
 }
 
-/// The whole service stack: gRPC discovery, health and reflection (v1 and
-/// v1alpha) beside the REST routes, on one router.
+/// The whole service: gRPC discovery (with its hand-framed
+/// `ListCapabilities`), health and reflection beside the REST routes, in
+/// the shared stack.
 async fn router(
     registry: Arc<Registry>,
     config: &DiscoveryConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<axum::Router> {
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let (health_reporter, health_service) = agentmesh_server::grpc::health();
     health_reporter.set_service_status(SERVICE_NAME, ServingStatus::Serving).await;
     tokio::spawn(mirror_store_health(registry.store_healthy(), health_reporter, stop));
 
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
     let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone()));
-    let grpc = tonic::service::Routes::new(DiscoveryServiceServer::from_arc(discovery.clone()))
-        .add_service(health_service)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?)
-        .into_axum_router()
+    let server =
+        DiscoveryServiceServer::from_arc(discovery.clone()).max_decoding_message_size(config.max_request_bytes);
+    let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .route_service(encoded::PATH, encoded::ListCapabilitiesRoute(discovery));
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
-    Ok(rest.merge(grpc).fallback(not_found))
-}
-
-/// Unknown paths: gRPC's UNIMPLEMENTED for gRPC clients, a JSON 404 otherwise.
-async fn not_found(request: axum::extract::Request) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let is_grpc = request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if is_grpc {
-        return tonic::Status::unimplemented(format!("unknown method {}", request.uri().path())).into_http();
-    }
-    let body = DiscoveryError::RouteNotFound(request.uri().path().to_owned()).body(&rest::new_request_id());
-    (http::StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+    let app = rest.merge(grpc).fallback(agentmesh_server::grpc::not_found);
+    Ok(agentmesh_server::stack(app, &config.limits()))
 }
 
 async fn mirror_store_health(

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentmesh_core::{AgentDefinition, ReportedStatus};
+use agentmesh_server::RequestId;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
@@ -31,30 +31,6 @@ pub struct RestState {
     pub registry: Arc<Registry>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
-}
-
-/// The request id of a request: `x-request-id` when given, else generated.
-#[derive(Clone, Debug)]
-pub struct RequestId(pub String);
-
-/// A fresh request id such as `req_3f9a0c2e7b1d4a58`.
-pub fn new_request_id() -> String {
-    format!("req_{:016x}", rand::random::<u64>())
-}
-
-async fn request_id_layer(mut request: Request, next: Next) -> Response {
-    let id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(new_request_id, str::to_owned);
-    request.extensions_mut().insert(RequestId(id.clone()));
-    let mut response = next.run(request).await;
-    if let Ok(value) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert("x-request-id", value);
-    }
-    response
 }
 
 /// An error with the request id it answers.
@@ -87,12 +63,11 @@ pub fn router(state: RestState) -> Router {
         // Bodies are read as bytes so that the limit answers in the API's shape.
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-        .layer(middleware::from_fn(request_id_layer))
 }
 
 async fn capabilities(
     State(state): State<RestState>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
+    RequestId(request_id): RequestId,
     RawQuery(raw): RawQuery,
 ) -> Response {
     let started = Instant::now();
@@ -194,7 +169,7 @@ fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<By
 
 async fn register(
     State(state): State<RestState>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
+    RequestId(request_id): RequestId,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
@@ -216,7 +191,7 @@ async fn register(
 
 async fn get_agent(
     State(state): State<RestState>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
+    RequestId(request_id): RequestId,
     Path(id): Path<String>,
 ) -> Response {
     match state.registry.get(&id).await {
@@ -234,7 +209,7 @@ struct HeartbeatBody {
 
 async fn heartbeat(
     State(state): State<RestState>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
+    RequestId(request_id): RequestId,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -263,7 +238,7 @@ async fn heartbeat(
 
 async fn deregister(
     State(state): State<RestState>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
+    RequestId(request_id): RequestId,
     Path(id): Path<String>,
 ) -> Response {
     match state.registry.deregister(&id).await {

@@ -6,7 +6,7 @@ use agentmesh_core::plan::AllowedCapability;
 use agentmesh_core::{CapabilityKind, Pattern};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use tonic::transport::Channel;
+use agentmesh_telemetry::rpc::TracedChannel;
 
 /// An allow pattern `agent-pattern:capability-pattern` (`weather-*:*`,
 /// `*:skill:web_*`).
@@ -44,7 +44,7 @@ impl AllowPattern {
 
 /// Fetches every capability the request may use.
 pub async fn fetch(
-    discovery: &mut DiscoveryServiceClient<Channel>,
+    discovery: &mut DiscoveryServiceClient<TracedChannel>,
     excluded: &[String],
     include_unhealthy: bool,
     request_id: &str,

@@ -8,7 +8,6 @@
 pub mod bm25;
 pub mod catalog;
 pub mod engine;
-pub mod health;
 pub mod metrics;
 pub mod prompt;
 pub mod providers;
@@ -22,13 +21,15 @@ use std::time::Duration;
 
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::planner_service_server::PlannerServiceServer;
+use agentmesh_server::{Dependency, HealthChecker};
 use agentmesh_store::Retention;
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic_health::ServingStatus;
+
+/// Fully qualified gRPC name of the planner service (for health checks).
+pub const SERVICE_NAME: &str = "agentmesh.v1.PlannerService";
 
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};
 
@@ -72,6 +73,13 @@ pub struct PlannerConfig {
     pub interaction_error_retention_hours: u64,
     /// Seconds between checks of discovery and the interaction-log store.
     pub health_check_interval_secs: f64,
+    /// Largest accepted request, in bytes.
+    pub max_request_bytes: usize,
+    /// Seconds a request may take to be answered (a shorter `grpc-timeout`
+    /// wins); planning with retries against a slow model takes minutes.
+    pub request_timeout_secs: f64,
+    /// Requests handled at once; more wait for a slot.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for PlannerConfig {
@@ -93,6 +101,9 @@ impl Default for PlannerConfig {
             interaction_retention_hours: 24,
             interaction_error_retention_hours: 24 * 7,
             health_check_interval_secs: 2.0,
+            max_request_bytes: 4 * 1024 * 1024,
+            request_timeout_secs: 600.0,
+            max_concurrent_requests: 1_000,
         }
     }
 }
@@ -109,7 +120,23 @@ impl PlannerConfig {
             "health_check_interval_secs must be at least 0.05, got {}",
             self.health_check_interval_secs
         );
+        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
+        anyhow::ensure!(
+            self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,
+            "request_timeout_secs must be at least 0.001, got {}",
+            self.request_timeout_secs
+        );
+        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
         Ok(())
+    }
+
+    /// The limits of the shared server stack.
+    pub fn limits(&self) -> agentmesh_server::Limits {
+        agentmesh_server::Limits {
+            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_request_bytes: self.max_request_bytes,
+        }
     }
 
     /// How to reach the LLM providers.
@@ -128,8 +155,8 @@ impl PlannerConfig {
 
 /// Binds `config.listen` and serves until `shutdown` resolves.
 pub async fn serve(config: PlannerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener =
-        agentmesh_core::net::listen(config.listen).with_context(|| format!("binding planner to {}", config.listen))?;
+    let listener = agentmesh_server::net::listen(config.listen)
+        .with_context(|| format!("binding planner to {}", config.listen))?;
     serve_with_listener(config, listener, shutdown).await
 }
 
@@ -147,7 +174,7 @@ pub async fn serve_with_listener(
         .with_context(|| format!("discovery url `{}`", config.discovery_url))?
         .connect_timeout(Duration::from_secs(5))
         .connect_lazy();
-    let discovery = DiscoveryServiceClient::new(discovery_channel.clone());
+    let discovery = DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(discovery_channel.clone()));
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let settings = PlannerSettings {
         preselect_threshold: config.preselect_threshold,
@@ -168,19 +195,27 @@ pub async fn serve_with_listener(
         metrics: metrics.clone(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    // Not serving until the first check of discovery and the store passes.
-    health_reporter.set_service_status(health::SERVICE_NAME, ServingStatus::NotServing).await;
-    health_reporter.set_service_status("", ServingStatus::NotServing).await;
+    let (health_reporter, health_service) = agentmesh_server::grpc::health();
     let interval = Duration::from_secs_f64(config.health_check_interval_secs);
-    let readiness = health::HealthChecker {
-        discovery: discovery_channel,
-        log: log.clone(),
-        reporter: health_reporter,
-        interval,
-        timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
-    }
-    .spawn(stop_rx);
+    let store = log.clone();
+    let readiness =
+        HealthChecker {
+            service: SERVICE_NAME,
+            dependencies: vec![
+                Dependency::grpc("discovery", discovery_channel),
+                Dependency::new("store", move || {
+                    let store = store.clone();
+                    async move {
+                        store.ping().await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}"))
+                    }
+                }),
+            ],
+            reporter: health_reporter,
+            interval,
+            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
+        }
+        .spawn(stop_rx)
+        .await;
     let purge = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(600));
         loop {
@@ -190,28 +225,19 @@ pub async fn serve_with_listener(
             }
         }
     });
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(agentmesh_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let grpc = tonic::service::Routes::new(PlannerServiceServer::new(service))
-        .add_service(health_service)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?)
-        .into_axum_router()
+    let server = PlannerServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
+    let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .layer(axum::middleware::from_fn_with_state(metrics.clone(), routes::observe_rpc));
-    let app = routes::probes(metrics, readiness).merge(grpc);
+    let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());
+    let app =
+        agentmesh_server::probes::router(render, readiness).merge(grpc).fallback(agentmesh_server::grpc::not_found);
+    let app = agentmesh_server::stack(app, &config.limits());
     tracing::info!(addr = %listener.local_addr()?, llm = %config.llm, "planner listening (gRPC and HTTP)");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        })
-        .await;
+    let result = agentmesh_server::serve("planner", listener, app, async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
     purge.abort();
-    result.context("serving planner")
+    result
 }

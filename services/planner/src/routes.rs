@@ -1,49 +1,15 @@
-//! The HTTP side of the planner's port: `/metrics`, `/healthz` and `/readyz`
-//! beside gRPC, and the layer that counts planner RPCs.
+//! The layer that counts and times planner RPCs for `/metrics`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::Json;
-use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use serde_json::json;
-use tokio::sync::watch;
+use axum::response::Response;
 use tonic::Code;
 
-use crate::health::{Readiness, SERVICE_NAME};
+use crate::SERVICE_NAME;
 use crate::metrics::Metrics;
-
-#[derive(Clone)]
-struct ProbeState {
-    metrics: Arc<Metrics>,
-    readiness: watch::Receiver<Readiness>,
-}
-
-/// `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz`
-/// (readiness, with the result of each dependency check).
-pub fn probes(metrics: Arc<Metrics>, readiness: watch::Receiver<Readiness>) -> Router {
-    Router::new()
-        .route("/metrics", get(render_metrics))
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(ready))
-        .with_state(ProbeState { metrics, readiness })
-}
-
-async fn render_metrics(State(state): State<ProbeState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
-}
-
-async fn ready(State(state): State<ProbeState>) -> Response {
-    let readiness = state.readiness.borrow().clone();
-    let (code, status) =
-        if readiness.ready() { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not_ready") };
-    (code, Json(json!({"status": status, "checks": readiness}))).into_response()
-}
 
 /// The planner's RPCs, by their gRPC method name; anything else is `other`
 /// so that unknown paths cannot grow the label set.

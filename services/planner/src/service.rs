@@ -11,8 +11,8 @@ use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::planner_service_server::PlannerService;
 use agentmesh_store::{InteractionLog, InteractionRecord, Retention};
+use agentmesh_telemetry::rpc::TracedChannel;
 use chrono::Utc;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 pub struct PlannerGrpc {
     pub(crate) planner: Planner,
     pub(crate) llm: Arc<dyn LlmProvider>,
-    pub(crate) discovery: DiscoveryServiceClient<Channel>,
+    pub(crate) discovery: DiscoveryServiceClient<TracedChannel>,
     pub(crate) log: Arc<dyn InteractionLog>,
     pub(crate) retention: Retention,
     pub(crate) self_agent_ids: Vec<String>,

@@ -226,7 +226,7 @@ impl GrpcCaller {
 }
 
 async fn serve_child(database_url: String, cache_ttl_secs: f64) -> anyhow::Result<()> {
-    let listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
     let config = agentmesh_discovery::DiscoveryConfig { database_url, cache_ttl_secs, ..Default::default() };
     agentmesh_discovery::serve_with_listener(config, listener, async {

@@ -279,7 +279,7 @@ async fn bench_engine(catalog: &[AllowedCapability], args: &Args) -> anyhow::Res
 /// also the catalog fetch from discovery alone, which every request makes.
 async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Result<(Latencies, Latencies)> {
     let discovery_db = format!("sqlite://{}", dir.join(format!("discovery-{n}.db")).display());
-    let discovery_listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let discovery_listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let discovery_url = format!("http://{}", discovery_listener.local_addr()?);
     let (stop_discovery, discovery_stopped) = tokio::sync::oneshot::channel::<()>();
     let discovery = tokio::spawn(agentmesh_discovery::serve_with_listener(
@@ -298,7 +298,9 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     for agent in registrations(n) {
         http.post(format!("{discovery_url}/api/v1/agents")).json(&agent).send().await?.error_for_status()?;
     }
-    let mut discovery_client = DiscoveryServiceClient::connect(discovery_url.clone()).await?;
+    let mut discovery_client = DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(
+        tonic::transport::Endpoint::from_shared(discovery_url.clone())?.connect().await?,
+    ));
     let mut fetches = Latencies::default();
     for i in 0..args.grpc_iterations + args.grpc_iterations / 10 {
         let t0 = Instant::now();
@@ -324,7 +326,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     let script_path = dir.join(format!("replay-{n}.json"));
     std::fs::write(&script_path, script.to_string())?;
 
-    let planner_listener = agentmesh_core::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let planner_listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let planner_url = format!("http://{}", planner_listener.local_addr()?);
     let config = PlannerConfig {
         discovery_url,

@@ -1,0 +1,193 @@
+//! Readiness that follows a service's real dependencies: a background task
+//! checks each one on an interval and mirrors the result into
+//! `grpc.health.v1` and `/readyz`; `/healthz` (liveness) and `/metrics`
+//! (Prometheus text) sit beside them.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::future::BoxFuture;
+use http::{StatusCode, header};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic_health::ServingStatus;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus as ServingStatusPb;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::server::HealthReporter;
+
+/// The result of checking one dependency.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Whether it answered.
+    pub ok: bool,
+    /// What it answered, or why it did not.
+    pub detail: String,
+}
+
+impl Check {
+    fn pending() -> Self {
+        Self { ok: false, detail: "not checked yet".into() }
+    }
+}
+
+/// The last result of every dependency check, by dependency name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Readiness(pub BTreeMap<&'static str, Check>);
+
+impl Readiness {
+    /// Whether every dependency answered.
+    pub fn ready(&self) -> bool {
+        self.0.values().all(|c| c.ok)
+    }
+
+    /// One dependency's last result.
+    pub fn get(&self, name: &str) -> Option<&Check> {
+        self.0.get(name)
+    }
+}
+
+type Probe = Box<dyn Fn() -> BoxFuture<'static, Result<String, String>> + Send + Sync>;
+
+/// One dependency and how to check it: `Ok(detail)` when it answers.
+pub struct Dependency {
+    name: &'static str,
+    probe: Probe,
+}
+
+impl Dependency {
+    /// A dependency checked by `probe`.
+    pub fn new<F, Fut>(name: &'static str, probe: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, String>> + Send + 'static,
+    {
+        Self { name, probe: Box::new(move || Box::pin(probe())) }
+    }
+
+    /// A gRPC peer, checked through its `grpc.health.v1` service. Any answer
+    /// counts as reachable (a peer reporting `NOT_SERVING` still answers
+    /// from what it holds); the detail says what it reported.
+    pub fn grpc(name: &'static str, channel: Channel) -> Self {
+        Self::new(name, move || {
+            let mut client = HealthClient::new(channel.clone());
+            async move {
+                match client.check(HealthCheckRequest { service: String::new() }).await {
+                    Ok(answer) => {
+                        let status =
+                            ServingStatusPb::try_from(answer.into_inner().status).unwrap_or(ServingStatusPb::Unknown);
+                        Ok(format!("reachable; reports {}", status.as_str_name()))
+                    }
+                    Err(status) => Err(format!("unreachable: {}", status.message())),
+                }
+            }
+        })
+    }
+}
+
+/// Checks a service's dependencies on an interval.
+pub struct HealthChecker {
+    /// The gRPC service whose health follows the checks (the empty name
+    /// follows them too).
+    pub service: &'static str,
+    /// What to check.
+    pub dependencies: Vec<Dependency>,
+    /// Receives the gRPC serving status.
+    pub reporter: HealthReporter,
+    /// Time between checks.
+    pub interval: Duration,
+    /// Longest wait for one answer.
+    pub timeout: Duration,
+}
+
+impl HealthChecker {
+    /// Reports `NOT_SERVING` until the first round passes, then checks in the
+    /// background until `stop` changes; the receiver holds the last result.
+    pub async fn spawn(self, mut stop: watch::Receiver<bool>) -> watch::Receiver<Readiness> {
+        self.reporter.set_service_status(self.service, ServingStatus::NotServing).await;
+        self.reporter.set_service_status("", ServingStatus::NotServing).await;
+        let pending = Readiness(self.dependencies.iter().map(|d| (d.name, Check::pending())).collect());
+        let (tx, rx) = watch::channel(pending);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                let checks = futures_util::future::join_all(self.dependencies.iter().map(|d| self.check(d))).await;
+                let now = Readiness(self.dependencies.iter().map(|d| d.name).zip(checks).collect());
+                log_changes(self.service, &tx.borrow(), &now);
+                let status = if now.ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+                self.reporter.set_service_status(self.service, status).await;
+                self.reporter.set_service_status("", status).await;
+                tx.send_replace(now);
+            }
+        });
+        rx
+    }
+
+    async fn check(&self, dependency: &Dependency) -> Check {
+        match tokio::time::timeout(self.timeout, (dependency.probe)()).await {
+            Ok(Ok(detail)) => Check { ok: true, detail },
+            Ok(Err(detail)) => Check { ok: false, detail },
+            Err(_) => Check { ok: false, detail: format!("no answer within {} ms", self.timeout.as_millis()) },
+        }
+    }
+}
+
+/// Logs a dependency going down or coming back, once per change.
+fn log_changes(service: &str, before: &Readiness, now: &Readiness) {
+    for (dependency, is) in &now.0 {
+        let Some(was) = before.0.get(dependency) else { continue };
+        match (was.ok, is.ok) {
+            (_, false) if was.detail != is.detail => {
+                tracing::warn!(operation = "health_check", service, dependency, detail = %is.detail, "dependency unavailable");
+            }
+            (false, true) => {
+                tracing::info!(operation = "health_check", service, dependency, detail = %is.detail, "dependency available");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Renders a service's metrics in the Prometheus text format.
+pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+#[derive(Clone)]
+struct ProbeState {
+    metrics: RenderMetrics,
+    readiness: watch::Receiver<Readiness>,
+}
+
+/// `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz`
+/// (readiness, with the result of each dependency check).
+pub fn router(metrics: RenderMetrics, readiness: watch::Receiver<Readiness>) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(ready))
+        .with_state(ProbeState { metrics, readiness })
+}
+
+async fn render_metrics(State(state): State<ProbeState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], (state.metrics)()).into_response()
+}
+
+async fn ready(State(state): State<ProbeState>) -> Response {
+    let readiness = state.readiness.borrow().clone();
+    let (code, status) =
+        if readiness.ready() { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not_ready") };
+    (code, Json(json!({"status": status, "checks": readiness}))).into_response()
+}

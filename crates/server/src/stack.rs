@@ -1,0 +1,214 @@
+//! The tower stack every service's port runs behind, built in one place
+//! ([`stack`]): request ids, traces, deadlines, a concurrency cap and a
+//! body limit, each answering in the caller's protocol (a gRPC status for
+//! gRPC, the REST error body for HTTP).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::{Value, json};
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::util::MapRequestLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, SetRequestIdLayer};
+
+/// The request id header, set on every request and echoed on every response.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Limits every request on a port is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest wait for the head of a response (a streaming call's stream
+    /// runs on past it); a gRPC client's shorter `grpc-timeout` wins.
+    pub request_timeout: Duration,
+    /// Requests handled at once; more wait for a free slot, within their deadline.
+    pub max_concurrent_requests: usize,
+    /// Largest request body, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { request_timeout: Duration::from_secs(60), max_concurrent_requests: 10_000, max_request_bytes: 1 << 20 }
+    }
+}
+
+/// A fresh request id such as `req_3f9a0c2e7b1d4a58`.
+pub fn new_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
+}
+
+/// The request id of a request (the stack always sets one), for handlers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestId {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(request_id_of(&parts.headers).unwrap_or_else(new_request_id)))
+    }
+}
+
+fn request_id_of(headers: &HeaderMap) -> Option<String> {
+    headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// A client's id is kept when it is 1-128 visible ASCII characters.
+fn acceptable_request_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct NewRequestId;
+
+impl MakeRequestId for NewRequestId {
+    fn make_request_id<B>(&mut self, _request: &http::Request<B>) -> Option<tower_http::request_id::RequestId> {
+        HeaderValue::from_str(&new_request_id()).ok().map(tower_http::request_id::RequestId::new)
+    }
+}
+
+/// The REST error body every service answers with:
+/// `{"error", "message", "details"?, "request_id"}`.
+pub fn error_body(error: &str, message: &str, details: Option<Value>, request_id: &str) -> Value {
+    let mut body = json!({"error": error, "message": message, "request_id": request_id});
+    if let Some(details) = details {
+        body["details"] = details;
+    }
+    body
+}
+
+/// Whether a request or response speaks gRPC.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Wraps a service's routes (gRPC and HTTP alike) in the shared stack,
+/// outermost first:
+///
+/// 1. request ids (`x-request-id`: the client's when acceptable, else a new
+///    one; echoed on the response);
+/// 2. traces: a server span per request, continuing the caller's trace
+///    (only while traces are exported);
+/// 3. a deadline: the configured timeout or the client's `grpc-timeout`,
+///    whichever is shorter, answered with `DEADLINE_EXCEEDED` or a `503`;
+/// 4. a cap on concurrent requests (further requests wait for a slot);
+/// 5. a body limit, answered with `RESOURCE_EXHAUSTED` or a `413` in the
+///    REST error shape.
+pub fn stack(app: Router, limits: &Limits) -> Router {
+    let app = app
+        .layer(RequestBodyLimitLayer::new(limits.max_request_bytes))
+        .layer(middleware::from_fn_with_state(limits.max_request_bytes, payload_too_large))
+        .layer(GlobalConcurrencyLimitLayer::new(limits.max_concurrent_requests.max(1)))
+        .layer(middleware::from_fn_with_state(limits.request_timeout, deadline));
+    let app =
+        if agentmesh_telemetry::exporting() { app.layer(agentmesh_telemetry::rpc::ServerTraceLayer) } else { app };
+    app.layer(PropagateRequestIdLayer::x_request_id()).layer(SetRequestIdLayer::x_request_id(NewRequestId)).layer(
+        MapRequestLayer::new(|mut request: Request| {
+            if request.headers().get(REQUEST_ID_HEADER).is_some_and(|v| !acceptable_request_id(v)) {
+                request.headers_mut().remove(REQUEST_ID_HEADER);
+            }
+            request
+        }),
+    )
+}
+
+/// `grpc-timeout` (`<up to 8 digits><H|M|S|m|u|n>`) as a duration.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+async fn deadline(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    let grpc = is_grpc(request.headers());
+    let timeout = grpc_timeout(request.headers()).map_or(timeout, |client| client.min(timeout));
+    let request_id = request_id_of(request.headers()).unwrap_or_default();
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let message = format!("no answer within {} ms", timeout.as_millis());
+            tracing::warn!(request_id, timeout_ms = timeout.as_millis(), "request timed out");
+            if grpc {
+                tonic::Status::deadline_exceeded(message).into_http()
+            } else {
+                let body = error_body("timeout", &message, None, &request_id);
+                (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+            }
+        }
+    }
+}
+
+/// Gives the body limit's bare `413` the caller's protocol: a gRPC status,
+/// or the REST error body. A service's own `413` (already JSON) passes.
+async fn payload_too_large(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    let grpc = is_grpc(request.headers());
+    let request_id = request_id_of(request.headers()).unwrap_or_default();
+    let response = next.run(request).await;
+    let own_body = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("application/grpc"));
+    if response.status() != StatusCode::PAYLOAD_TOO_LARGE || own_body {
+        return response;
+    }
+    let message = format!("request body exceeds the limit of {limit} bytes");
+    if grpc {
+        return tonic::Status::resource_exhausted(message).into_http();
+    }
+    let body = error_body("payload_too_large", &message, Some(json!({"limit_bytes": limit})), &request_id);
+    (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert("grpc-timeout", HeaderValue::from_str(value).unwrap_or(HeaderValue::from_static("")));
+        map
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(grpc_timeout(&headers("250m")), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout(&headers("2S")), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout(&headers("1H")), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout(&headers("123456789S")), None, "at most 8 digits");
+        assert_eq!(grpc_timeout(&headers("5x")), None);
+        assert_eq!(grpc_timeout(&headers("m")), None);
+    }
+
+    #[test]
+    fn only_reasonable_client_request_ids_are_kept() {
+        assert!(acceptable_request_id(&HeaderValue::from_static("req_1")));
+        assert!(!acceptable_request_id(&HeaderValue::from_static("")));
+        assert!(!acceptable_request_id(&HeaderValue::from_static("has space")));
+        let long = "x".repeat(129);
+        assert!(!acceptable_request_id(&HeaderValue::from_str(&long).unwrap_or(HeaderValue::from_static(""))));
+    }
+}

@@ -1,0 +1,320 @@
+//! One tower layer for every server (a span per gRPC call or HTTP request,
+//! continuing the caller's trace) and one for every gRPC client channel (a
+//! client span whose context is injected into the call). A span lives as
+//! long as the response body, so a streaming call is one span from its
+//! first byte to its last, and the gRPC status is read from the trailers.
+//!
+//! While traces are not exported, both layers pass calls through untouched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use axum::extract::MatchedPath;
+use http_body::{Body, Frame, SizeHint};
+use tower::{Layer, Service};
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::propagation;
+
+/// Paths never traced: probes, metrics, health checks and reflection, so
+/// that a collector sees requests, not their monitoring.
+const UNTRACED: [&str; 6] =
+    ["/grpc.health.v1.Health/", "/grpc.reflection.", "/metrics", "/healthz", "/readyz", "/favicon.ico"];
+
+/// Which end of a call a span describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Server,
+    Client,
+}
+
+/// Traces every request a server receives.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServerTraceLayer;
+
+impl<S> Layer<S> for ServerTraceLayer {
+    type Service = Traced<S>;
+
+    fn layer(&self, inner: S) -> Traced<S> {
+        Traced { inner, side: Side::Server }
+    }
+}
+
+/// Traces every call made through a gRPC client channel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientTraceLayer;
+
+impl<S> Layer<S> for ClientTraceLayer {
+    type Service = Traced<S>;
+
+    fn layer(&self, inner: S) -> Traced<S> {
+        Traced { inner, side: Side::Client }
+    }
+}
+
+/// A gRPC channel whose calls are traced and carry the trace context.
+pub type TracedChannel = Traced<tonic::transport::Channel>;
+
+/// Wraps a channel so that its calls are traced.
+pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
+    ClientTraceLayer.layer(channel)
+}
+
+/// A service whose calls are traced (see [`ServerTraceLayer`], [`ClientTraceLayer`]).
+#[derive(Debug, Clone)]
+pub struct Traced<S> {
+    inner: S,
+    side: Side,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for Traced<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+{
+    type Response = http::Response<TracedBody<RB>>;
+    type Error = S::Error;
+    type Future = TraceFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let span = if crate::exporting() {
+            match self.side {
+                Side::Server => server_span(&request),
+                Side::Client => client_span(&mut request),
+            }
+        } else {
+            None
+        };
+        let inner = match &span {
+            Some(span) => span.in_scope(|| self.inner.call(request)),
+            None => self.inner.call(request),
+        };
+        TraceFuture { inner, span, side: self.side }
+    }
+}
+
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// `/pkg.Service/Method` → (`pkg.Service`, `Method`).
+fn rpc_name(path: &str) -> (&str, &str) {
+    let trimmed = path.trim_start_matches('/');
+    trimmed.split_once('/').unwrap_or((trimmed, ""))
+}
+
+fn header<B>(request: &http::Request<B>, name: &str) -> Option<String> {
+    request.headers().get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty()).map(str::to_owned)
+}
+
+fn server_span<B>(request: &http::Request<B>) -> Option<Span> {
+    let path = request.uri().path();
+    if UNTRACED.iter().any(|p| path.starts_with(p)) {
+        return None;
+    }
+    let parent = propagation::extract(request.headers());
+    let request_id = propagation::request_id(&parent).or_else(|| header(request, "x-request-id"));
+    let span = if is_grpc(request.headers()) {
+        let (service, method) = rpc_name(path);
+        tracing::info_span!(
+            "grpc.server",
+            otel.name = %format_args!("{service}/{method}"),
+            otel.kind = "server",
+            otel.status_code = Empty,
+            rpc.system = "grpc",
+            rpc.service = %service,
+            rpc.method = %method,
+            rpc.grpc.status_code = Empty,
+            request_id = Empty,
+        )
+    } else {
+        let route = request.extensions().get::<MatchedPath>().map_or(path, MatchedPath::as_str);
+        tracing::info_span!(
+            "http.server",
+            otel.name = %format_args!("{} {route}", request.method()),
+            otel.kind = "server",
+            otel.status_code = Empty,
+            http.request.method = %request.method(),
+            http.route = %route,
+            url.path = %path,
+            http.response.status_code = Empty,
+            request_id = Empty,
+        )
+    };
+    if let Some(id) = request_id {
+        span.record("request_id", id);
+    }
+    let _ = span.set_parent(parent);
+    Some(span)
+}
+
+fn client_span<B>(request: &mut http::Request<B>) -> Option<Span> {
+    let path = request.uri().path().to_owned();
+    if path.starts_with("/grpc.health.v1.Health/") {
+        return None;
+    }
+    let (service, method) = rpc_name(&path);
+    let authority = request.uri().authority().map(ToString::to_string).unwrap_or_default();
+    let span = tracing::info_span!(
+        "grpc.client",
+        otel.name = %format_args!("{service}/{method}"),
+        otel.kind = "client",
+        otel.status_code = Empty,
+        rpc.system = "grpc",
+        rpc.service = %service,
+        rpc.method = %method,
+        rpc.grpc.status_code = Empty,
+        server.address = %authority,
+    );
+    let request_id = header(request, "x-request-id");
+    propagation::inject(&span, request_id.as_deref(), request.headers_mut());
+    Some(span)
+}
+
+/// Whether a gRPC status code marks the span as failed: on a server only
+/// the codes that mean the server failed, on a client every non-OK code.
+fn grpc_failed(side: Side, code: i64) -> bool {
+    match side {
+        Side::Client => code != 0,
+        // UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS
+        Side::Server => matches!(code, 2 | 4 | 12 | 13 | 14 | 15),
+    }
+}
+
+fn record_grpc_status(span: &Span, side: Side, headers: &http::HeaderMap) -> bool {
+    let Some(code) = headers.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok())
+    else {
+        return false;
+    };
+    span.record("rpc.grpc.status_code", code);
+    if grpc_failed(side, code) {
+        span.record("otel.status_code", "ERROR");
+    }
+    true
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of a [`Traced`] service.
+    pub struct TraceFuture<F> {
+        #[pin]
+        inner: F,
+        span: Option<Span>,
+        side: Side,
+    }
+}
+
+impl<F, RB, E> Future for TraceFuture<F>
+where
+    F: Future<Output = Result<http::Response<RB>, E>>,
+{
+    type Output = Result<http::Response<TracedBody<RB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = {
+            let _entered = this.span.as_ref().map(Span::enter);
+            ready!(this.inner.poll(cx))
+        };
+        let span = this.span.take();
+        let side = *this.side;
+        Poll::Ready(match result {
+            Ok(response) => {
+                let mut done = false;
+                if let Some(span) = &span {
+                    if is_grpc(response.headers()) {
+                        done = record_grpc_status(span, side, response.headers());
+                    } else {
+                        span.record("http.response.status_code", response.status().as_u16());
+                        if response.status().is_server_error() {
+                            span.record("otel.status_code", "ERROR");
+                        }
+                    }
+                }
+                // A trailers-only gRPC answer is complete: the span ends now.
+                let span = if done { None } else { span };
+                Ok(response.map(|inner| TracedBody { inner, span, side }))
+            }
+            Err(error) => {
+                if let Some(span) = &span {
+                    span.record("otel.status_code", "ERROR");
+                }
+                Err(error)
+            }
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its call's span open until its last frame.
+    pub struct TracedBody<B> {
+        #[pin]
+        inner: B,
+        span: Option<Span>,
+        side: Side,
+    }
+}
+
+impl<B: Body> Body for TracedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = {
+            let _entered = this.span.as_ref().map(Span::enter);
+            ready!(this.inner.poll_frame(cx))
+        };
+        match &frame {
+            Some(Ok(frame)) => {
+                if let (Some(span), Some(trailers)) = (this.span.as_ref(), frame.trailers_ref()) {
+                    record_grpc_status(span, *this.side, trailers);
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(span) = this.span.take() {
+                    span.record("otel.status_code", "ERROR");
+                }
+            }
+            None => {
+                this.span.take();
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_names_split_service_and_method() {
+        assert_eq!(rpc_name("/agentmesh.v1.PlannerService/CreatePlan"), ("agentmesh.v1.PlannerService", "CreatePlan"));
+        assert_eq!(rpc_name("/odd"), ("odd", ""));
+    }
+
+    #[test]
+    fn server_spans_fail_only_on_server_faults() {
+        assert!(!grpc_failed(Side::Server, 3), "INVALID_ARGUMENT is the caller's fault");
+        assert!(!grpc_failed(Side::Server, 5), "NOT_FOUND is an answer");
+        assert!(grpc_failed(Side::Server, 14));
+        assert!(grpc_failed(Side::Client, 5));
+    }
+}
