@@ -42,23 +42,35 @@ async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<TracedChannel>
     Ok(PlannerServiceClient::new(crate::connect::connect(url, "the planner", "agentmesh serve planner").await?))
 }
 
+/// A fresh request id such as `req_3f9a0c2e7b1d4a58`, chosen by the CLI so
+/// that it can be printed whatever the outcome.
+fn new_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
+}
+
 /// Prints a plan for a request.
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let request_id = new_request_id();
+    let mut request = tonic::Request::new(pb::CreatePlanRequest {
+        request_id: request_id.clone(),
+        query: args.query,
+        caller_agent_ids: args.callers,
+        allow: args.allow,
+        model: args.model.unwrap_or_default(),
+        reasoning_effort: args
+            .reasoning_effort
+            .and_then(|e| pb::ReasoningEffort::from_str_name(&format!("REASONING_EFFORT_{}", e.to_uppercase())))
+            .map_or(0, |e| e as i32),
+        ..Default::default()
+    });
+    if let Ok(value) = request_id.parse() {
+        request.metadata_mut().insert("x-request-id", value);
+    }
     let response = client(&args.planner)
         .await?
-        .create_plan(pb::CreatePlanRequest {
-            query: args.query,
-            caller_agent_ids: args.callers,
-            allow: args.allow,
-            model: args.model.unwrap_or_default(),
-            reasoning_effort: args
-                .reasoning_effort
-                .and_then(|e| pb::ReasoningEffort::from_str_name(&format!("REASONING_EFFORT_{}", e.to_uppercase())))
-                .map_or(0, |e| e as i32),
-            ..Default::default()
-        })
+        .create_plan(request)
         .await
-        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
+        .map_err(|s| anyhow::anyhow!("request {request_id}: {}: {}", s.code(), s.message()))?
         .into_inner();
     let plan = response.plan.unwrap_or_default();
     let steps: Vec<serde_json::Value> = plan

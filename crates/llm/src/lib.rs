@@ -24,6 +24,7 @@ pub mod models;
 pub mod openai;
 pub mod replay;
 mod retry;
+mod traced;
 
 use std::fmt;
 use std::time::Duration;
@@ -34,6 +35,7 @@ use serde_json::Value;
 
 pub use http::{HttpSettings, client_builder, install_tls_provider};
 pub use retry::RetryPolicy;
+pub use traced::generate_traced;
 
 /// How a provider makes the model answer in JSON that fits a schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

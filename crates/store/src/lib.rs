@@ -8,6 +8,7 @@ mod migrate;
 mod postgres;
 mod rows;
 mod sqlite;
+mod traced;
 
 use std::sync::Arc;
 
@@ -133,19 +134,23 @@ async fn open(url: &str) -> StoreResult<Opened> {
 }
 
 /// Opens the store a URL names, runs migrations, and starts notifications.
+/// Its calls are traced as child spans of the caller's.
 pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
-    Ok(match open(url).await? {
+    let store: Arc<dyn AgentStore> = match open(url).await? {
         Opened::Postgres(store) => Arc::new(store),
         Opened::Sqlite(store) => Arc::new(store),
-    })
+    };
+    Ok(Arc::new(traced::TracedAgentStore(store)))
 }
 
-/// Opens the interaction log in the database a URL names (running migrations).
+/// Opens the interaction log in the database a URL names (running
+/// migrations); its calls are traced.
 pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn InteractionLog>> {
-    Ok(match open(url).await? {
-        Opened::Postgres(store) => Arc::new(store),
-        Opened::Sqlite(store) => Arc::new(store),
-    })
+    let (inner, backend): (Arc<dyn InteractionLog>, _) = match open(url).await? {
+        Opened::Postgres(store) => (Arc::new(store), "postgres"),
+        Opened::Sqlite(store) => (Arc::new(store), "sqlite"),
+    };
+    Ok(Arc::new(traced::TracedInteractionLog { inner, backend }))
 }
 
 /// Milliseconds since the epoch to a timestamp.

@@ -19,6 +19,10 @@ pub(crate) struct Exported;
 
 impl Exported {
     fn wanted(meta: &Metadata<'_>) -> bool {
+        if meta.target() == crate::EVENT_LOG_TARGET {
+            // Logged copies of events added to spans directly.
+            return false;
+        }
         let ours = meta.target().starts_with("agentmesh");
         let level = *meta.level();
         match (meta.is_span(), ours) {

@@ -10,6 +10,7 @@
 
 mod llm;
 mod otlp;
+mod process;
 mod proxy;
 mod service;
 
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply, TEST_CA_PEM};
 pub use otlp::{OtlpReceiver, ReceivedEvent, ReceivedSpan, kind as span_kind};
+pub use process::ServiceProcess;
 pub use proxy::TcpProxy;
 pub use service::{RunningService, init_tracing, spawn_discovery};
 

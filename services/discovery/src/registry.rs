@@ -14,6 +14,7 @@ use agentmesh_core::{
 use agentmesh_store::{AgentStore, CatalogChange};
 use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
+use tracing::Instrument;
 
 use crate::cache::{CatalogCache, Encoded, Snapshot, Source};
 use crate::error::DiscoveryError;
@@ -141,9 +142,16 @@ impl Registry {
         query: &CapabilityQuery,
         render: impl FnOnce(&CatalogPage<'_>, DateTime<Utc>) -> R,
     ) -> Result<(R, Source), DiscoveryError> {
-        let (snapshot, source) = self.snapshot_for(query).await?;
+        let span = query_span(query);
+        let (snapshot, source) = self.snapshot_for(query).instrument(span.clone()).await?;
         let now = Utc::now();
-        let page = snapshot.query(query, self.policy, now);
+        let page = span.in_scope(|| snapshot.query(query, self.policy, now));
+        if !span.is_disabled() {
+            span.record("source", tracing::field::debug(source));
+            span.record("agents", page.total_agents);
+            span.record("reasoners", page.total_reasoners);
+            span.record("skills", page.total_skills);
+        }
         tracing::debug!(
             cache = ?source,
             filters = ?query.filters_used(),
@@ -177,10 +185,19 @@ impl Registry {
         key: String,
         build: impl FnOnce(&CatalogPage<'_>) -> Encoded,
     ) -> Result<(Encoded, Source, bool), DiscoveryError> {
-        let (snapshot, source) = self.snapshot_for(query).await?;
-        let (encoded, shared) = snapshot.answer_encoded(key, query, self.policy, Utc::now(), build);
+        let span = query_span(query);
+        let (snapshot, source) = self.snapshot_for(query).instrument(span.clone()).await?;
+        let (encoded, shared) = span.in_scope(|| snapshot.answer_encoded(key, query, self.policy, Utc::now(), build));
         if shared {
             self.metrics.encoded_hits.inc();
+        }
+        if !span.is_disabled() {
+            let [agents, reasoners, skills] = encoded.counts;
+            span.record("source", tracing::field::debug(source));
+            span.record("shared_answer", shared);
+            span.record("agents", agents);
+            span.record("reasoners", reasoners);
+            span.record("skills", skills);
         }
         Ok((encoded, source, shared))
     }
@@ -374,4 +391,18 @@ impl Registry {
             self.emit(EventKind::HealthChanged, &id, current.map(|(a, _)| a), health);
         }
     }
+}
+
+/// A child span of the request for one catalog query: its filters, then
+/// where the answer came from and how many agents and capabilities matched.
+fn query_span(query: &CapabilityQuery) -> tracing::Span {
+    tracing::debug_span!(
+        "discovery.query",
+        filters = ?query.filters_used(),
+        source = tracing::field::Empty,
+        shared_answer = tracing::field::Empty,
+        agents = tracing::field::Empty,
+        reasoners = tracing::field::Empty,
+        skills = tracing::field::Empty,
+    )
 }

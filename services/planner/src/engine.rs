@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use agentmesh_core::plan::{AllowedCapability, Plan, PlanError, parse_plan, plan_schema, validate_plan};
 use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, ResponseSchema, StructuredMode};
+use agentmesh_telemetry::{EVENT_LOG_TARGET, span_event};
 use serde_json::{Value, json};
 
 use crate::bm25;
@@ -394,9 +395,17 @@ impl Planner {
                     }
                     if hallucinated {
                         run.stats.hallucinations_recovered += 1;
+                        let request_id = current_request_id();
+                        let retries_used = run.stats.hallucination_retries;
+                        span_event(
+                            "llm.hallucination_recovered",
+                            vec![("request_id", request_id.as_str().into()), ("retries_used", retries_used.into())],
+                        );
                         tracing::info!(
                             name: "llm.hallucination_recovered",
-                            request_id = %current_request_id(),
+                            target: EVENT_LOG_TARGET,
+                            request_id,
+                            retries_used,
                             operation = "plan",
                             steps = valid.steps.len(),
                             "llm.hallucination_recovered"
@@ -412,18 +421,52 @@ impl Planner {
                 hallucinated = true;
                 run.stats.hallucinations_detected += 1;
                 let names: Vec<String> = invented.iter().map(|e| invented_name(e)).collect();
+                let hallucinated_agent = invented.iter().find_map(|e| invented_agent(e)).unwrap_or_default();
+                let request_id = current_request_id();
+                let max_retries = self.settings.hallucination_retries;
+                let (allowed_agent_count, hall_retry) =
+                    (distinct_agents(&allowed), max_retries - hallucination_left + 1);
+                span_event(
+                    "llm.hallucination_detected",
+                    vec![
+                        ("request_id", request_id.as_str().into()),
+                        ("hallucinated_agent", hallucinated_agent.into()),
+                        ("allowed_agent_count", allowed_agent_count.into()),
+                        ("hall_retry", hall_retry.into()),
+                        ("max_hall_retries", max_retries.into()),
+                        ("attempt", attempts.into()),
+                        ("invented", names.join(", ").into()),
+                    ],
+                );
                 tracing::warn!(
                     name: "llm.hallucination_detected",
-                    request_id = %current_request_id(),
+                    target: EVENT_LOG_TARGET,
+                    request_id,
+                    hallucinated_agent,
+                    allowed_agent_count,
+                    hall_retry,
+                    max_hall_retries = max_retries,
+                    attempt = attempts,
                     operation = "plan",
                     invented = %names.join(", "),
                     problems = %listed.trim_end(),
                     "llm.hallucination_detected"
                 );
                 if hallucination_left == 0 {
+                    span_event(
+                        "llm.hallucination_unrecoverable",
+                        vec![
+                            ("request_id", request_id.as_str().into()),
+                            ("hallucinated_agent", hallucinated_agent.into()),
+                            ("retries_exhausted", max_retries.into()),
+                        ],
+                    );
                     tracing::error!(
                         name: "llm.hallucination_unrecoverable",
-                        request_id = %current_request_id(),
+                        target: EVENT_LOG_TARGET,
+                        request_id,
+                        hallucinated_agent,
+                        retries_exhausted = max_retries,
                         operation = "plan",
                         invented = %names.join(", "),
                         "llm.hallucination_unrecoverable"
@@ -476,6 +519,19 @@ impl Planner {
             kind = InteractionKind::PlanRetry;
         }
     }
+}
+
+/// The agent a hallucination named (the agent of an invented capability too).
+fn invented_agent(e: &PlanError) -> Option<&str> {
+    match e {
+        PlanError::UnknownAgent { agent, .. } | PlanError::UnknownCapability { agent, .. } => Some(agent),
+        _ => None,
+    }
+}
+
+/// How many agents the model was shown.
+fn distinct_agents(allowed: &[AllowedCapability]) -> usize {
+    allowed.iter().map(|a| a.agent.as_str()).collect::<HashSet<_>>().len()
 }
 
 fn invented_name(e: &PlanError) -> String {

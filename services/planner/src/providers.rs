@@ -70,8 +70,8 @@ impl FallbackChain {
         let mut last = LlmError::Config("no LLM provider configured; pass --llm provider:model".into());
         for provider in self.order(request) {
             let result = match on_text.as_deref_mut() {
-                Some(on_text) => provider.stream(request, on_text).await,
-                None => provider.complete(request).await,
+                Some(on_text) => agentmesh_llm::generate_traced(provider, request, Some(on_text)).await,
+                None => agentmesh_llm::generate_traced(provider, request, None).await,
             };
             match result {
                 Ok(c) => return Ok(c),

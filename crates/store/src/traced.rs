@@ -1,0 +1,124 @@
+//! Store calls as child spans of the request that made them: the backend,
+//! the operation and how many rows came back. `ping` is left out: health
+//! checks call it on a timer and are not traced.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::broadcast;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::{AgentStore, CatalogChange, InteractionLog, InteractionRecord, Registered, Retention, StoreResult};
+
+/// Runs one store call in a `db.system`/`db.operation` span; `rows` counts
+/// what it returned.
+pub(crate) async fn in_span<T>(
+    backend: &'static str,
+    operation: &'static str,
+    call: impl Future<Output = StoreResult<T>>,
+    rows: impl FnOnce(&T) -> usize,
+) -> StoreResult<T> {
+    // The semantic conventions' name for PostgreSQL.
+    let system = if backend == "postgres" { "postgresql" } else { backend };
+    let span = tracing::debug_span!(
+        "store",
+        otel.name = %format_args!("{operation} {backend}"),
+        otel.kind = "client",
+        otel.status_code = Empty,
+        db.system = system,
+        db.operation = operation,
+        db.rows = Empty,
+        error = Empty,
+    );
+    let result = call.instrument(span.clone()).await;
+    match &result {
+        Ok(value) => {
+            span.record("db.rows", rows(value));
+        }
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("error", tracing::field::display(e));
+        }
+    }
+    result
+}
+
+/// An agent store whose calls are traced.
+pub(crate) struct TracedAgentStore(pub Arc<dyn AgentStore>);
+
+#[async_trait]
+impl AgentStore for TracedAgentStore {
+    async fn register(&self, definition: &AgentDefinition, now: DateTime<Utc>) -> StoreResult<Registered> {
+        in_span(self.0.backend(), "register", self.0.register(definition, now), |_| 1).await
+    }
+
+    async fn heartbeat(
+        &self,
+        agent_id: &str,
+        status: ReportedStatus,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<AgentRecord>> {
+        in_span(self.0.backend(), "heartbeat", self.0.heartbeat(agent_id, status, now), |r| usize::from(r.is_some()))
+            .await
+    }
+
+    async fn deregister(&self, agent_id: &str) -> StoreResult<bool> {
+        in_span(self.0.backend(), "deregister", self.0.deregister(agent_id), |d| usize::from(*d)).await
+    }
+
+    async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>> {
+        in_span(self.0.backend(), "get_agent", self.0.get(agent_id), |r| usize::from(r.is_some())).await
+    }
+
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
+        in_span(self.0.backend(), "get_agents", self.0.get_many(agent_ids), Vec::len).await
+    }
+
+    async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
+        in_span(self.0.backend(), "list_agents", self.0.list(), Vec::len).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.0.ping().await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<CatalogChange> {
+        self.0.subscribe()
+    }
+
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+}
+
+/// An interaction log whose calls are traced.
+pub(crate) struct TracedInteractionLog {
+    pub inner: Arc<dyn InteractionLog>,
+    pub backend: &'static str,
+}
+
+#[async_trait]
+impl InteractionLog for TracedInteractionLog {
+    async fn record(&self, records: &[InteractionRecord], retention: Retention) -> StoreResult<()> {
+        in_span(self.backend, "record_interactions", self.inner.record(records, retention), |()| records.len()).await
+    }
+
+    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>> {
+        in_span(self.backend, "list_interactions", self.inner.interactions(request_id, now), Vec::len).await
+    }
+
+    async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {
+        in_span(self.backend, "purge_interactions", self.inner.purge_expired(now), |n| {
+            usize::try_from(*n).unwrap_or(usize::MAX)
+        })
+        .await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+}
