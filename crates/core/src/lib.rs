@@ -3,11 +3,13 @@
 //! targets, wildcard patterns, registration validation and catalog queries.
 
 pub mod agent;
+pub mod execution;
 pub mod health;
 pub mod index;
 pub mod pattern;
 pub mod plan;
 pub mod query;
+pub mod reference;
 pub mod schema;
 pub mod target;
 pub mod validate;

@@ -374,16 +374,6 @@ pub fn validate_plan(plan: &Plan, allowed: &[AllowedCapability]) -> Result<Plan,
     let by_pair: HashMap<(&str, &str), &AllowedCapability> =
         allowed.iter().map(|a| ((a.agent.as_str(), a.capability.as_str()), a)).collect();
     let agents: HashSet<&str> = allowed.iter().map(|a| a.agent.as_str()).collect();
-    let step_ids: HashSet<String> = plan.steps.iter().map(|s| s.step_id.clone()).collect();
-
-    let mut seen = HashSet::new();
-    for step in &plan.steps {
-        if !valid_step_id(&step.step_id) {
-            errors.push(PlanError::InvalidStepId { step: step.step_id.clone() });
-        } else if !seen.insert(step.step_id.clone()) {
-            errors.push(PlanError::DuplicateStepId { step: step.step_id.clone() });
-        }
-    }
     for step in plan.steps.iter_mut() {
         let id = step.step_id.clone();
         match by_pair.get(&(step.agent.as_str(), step.capability.as_str())) {
@@ -418,10 +408,38 @@ pub fn validate_plan(plan: &Plan, allowed: &[AllowedCapability]) -> Result<Plan,
                 }
             }
         }
+    }
+    errors.extend(structure_errors(&plan.steps));
+    errors.sort_by_key(|e| !e.is_hallucination());
+    if errors.is_empty() { Ok(plan) } else { Err(errors) }
+}
+
+/// Checks what holds whatever the capabilities: step ids valid and unique,
+/// dependencies on existing steps other than itself, no cycle, and
+/// references only to steps depended on. The executor checks every plan it
+/// is given, and every extension, with it.
+pub fn check_structure(plan: &Plan) -> Result<(), Vec<PlanError>> {
+    let errors = structure_errors(&plan.steps);
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+fn structure_errors(steps: &[PlanStep]) -> Vec<PlanError> {
+    let mut errors = Vec::new();
+    let step_ids: HashSet<&str> = steps.iter().map(|s| s.step_id.as_str()).collect();
+    let mut seen = HashSet::new();
+    for step in steps {
+        if !valid_step_id(&step.step_id) {
+            errors.push(PlanError::InvalidStepId { step: step.step_id.clone() });
+        } else if !seen.insert(step.step_id.as_str()) {
+            errors.push(PlanError::DuplicateStepId { step: step.step_id.clone() });
+        }
+    }
+    for step in steps {
+        let id = &step.step_id;
         for dep in &step.depends_on {
-            if *dep == id {
+            if dep == id {
                 errors.push(PlanError::SelfDependency { step: id.clone() });
-            } else if !step_ids.contains(dep) {
+            } else if !step_ids.contains(dep.as_str()) {
                 errors.push(PlanError::UnknownDependency { step: id.clone(), dependency: dep.clone() });
             }
         }
@@ -433,11 +451,10 @@ pub fn validate_plan(plan: &Plan, allowed: &[AllowedCapability]) -> Result<Plan,
             }
         }
     }
-    if let Some(cycle) = cycle(&plan.steps) {
+    if let Some(cycle) = cycle(steps) {
         errors.push(PlanError::Cycle { steps: cycle });
     }
-    errors.sort_by_key(|e| !e.is_hallucination());
-    if errors.is_empty() { Ok(plan) } else { Err(errors) }
+    errors
 }
 
 /// Steps left over by a topological sort (a cycle and what hangs on it),

@@ -11,6 +11,8 @@ pub mod v1 {
 /// Encoded `FileDescriptorSet` of every agentmesh proto, for reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("agentmesh_descriptor");
 
+pub mod convert;
+
 /// Conversions between JSON and `google.protobuf.Struct`/`Value`.
 pub mod json {
     use prost_types::value::Kind;

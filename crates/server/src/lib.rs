@@ -25,6 +25,36 @@ use tokio::net::TcpListener;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 
+/// A database URL with its password replaced by `***`, for logs and
+/// printed configuration: the user-info password and a `password=` query
+/// parameter alike.
+pub fn redact(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match base[scheme + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
+            None => base.to_owned(),
+        },
+        _ => base.to_owned(),
+    };
+    match query {
+        None => base,
+        Some(query) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then lets
 /// in-flight requests finish.
 pub async fn serve(
@@ -38,4 +68,21 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
     });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.with_context(|| format!("serving {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://a.db"), "sqlite://a.db");
+        assert_eq!(
+            redact("postgres://u@h/db?sslmode=off&password=secret"),
+            "postgres://u@h/db?sslmode=off&password=***"
+        );
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+    }
 }

@@ -3,6 +3,7 @@
 //! binary and run at start-up, and change notifications so that every
 //! discovery replica sharing a database learns of every write.
 
+pub mod executions;
 mod interactions;
 mod migrate;
 mod postgres;
@@ -18,6 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+pub use executions::{ExecutionStore, PostgresExecutions, SqliteExecutions};
 pub use interactions::{InteractionLog, InteractionRecord, Retention};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -151,6 +153,19 @@ pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn Interacti
         Opened::Sqlite(store) => (Arc::new(store), "sqlite"),
     };
     Ok(Arc::new(traced::TracedInteractionLog { inner, backend }))
+}
+
+/// Opens the execution store in the database a URL names (running migrations).
+/// Its calls are traced.
+pub async fn connect_executions(url: &str) -> StoreResult<Arc<dyn ExecutionStore>> {
+    let store: Arc<dyn ExecutionStore> = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Arc::new(PostgresExecutions::connect(url).await?)
+    } else if url.starts_with("sqlite:") {
+        Arc::new(SqliteExecutions::connect(url).await?)
+    } else {
+        return Err(StoreError::UnsupportedUrl(url.to_owned()));
+    };
+    Ok(Arc::new(traced::TracedExecutions(store)))
 }
 
 /// Milliseconds since the epoch to a timestamp.

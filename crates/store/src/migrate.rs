@@ -30,4 +30,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0002_llm_interactions.sql"),
         sqlite: include_str!("../migrations/sqlite/0002_llm_interactions.sql"),
     },
+    Migration {
+        version: 3,
+        description: "executions and their event logs",
+        postgres: include_str!("../migrations/postgres/0003_executions.sql"),
+        sqlite: include_str!("../migrations/sqlite/0003_executions.sql"),
+    },
 ];

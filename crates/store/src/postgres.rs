@@ -54,7 +54,7 @@ impl PostgresStore {
     }
 }
 
-async fn migrate(pool: &PgPool) -> StoreResult<()> {
+pub(crate) async fn migrate(pool: &PgPool) -> StoreResult<()> {
     let mut tx = pool.begin().await?;
     // Serialise migrations between replicas starting together.
     sqlx::query("SELECT pg_advisory_xact_lock(7245611)").execute(&mut *tx).await?;

@@ -60,7 +60,7 @@ impl SqliteStore {
     }
 }
 
-async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
+pub(crate) async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *tx).await?;
     let applied: Vec<i64> =

@@ -12,6 +12,9 @@ use tokio::sync::broadcast;
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use crate::executions::{
+    Append, Created, EventRow, ExecutionFilter, ExecutionNotice, ExecutionRow, ExecutionStore, NewExecution,
+};
 use crate::{AgentStore, CatalogChange, InteractionLog, InteractionRecord, Registered, Retention, StoreResult};
 
 /// Runs one store call in a `db.system`/`db.operation` span; `rows` counts
@@ -120,5 +123,80 @@ impl InteractionLog for TracedInteractionLog {
 
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
+    }
+}
+
+/// An execution store whose calls are traced (lease upkeep and pings are
+/// left out: they run on timers, outside any request).
+pub(crate) struct TracedExecutions(pub Arc<dyn ExecutionStore>);
+
+#[async_trait]
+impl ExecutionStore for TracedExecutions {
+    async fn create(&self, execution: &NewExecution, owner: &str, lease_expires_at_ms: i64) -> StoreResult<Created> {
+        in_span(self.0.backend(), "create_execution", self.0.create(execution, owner, lease_expires_at_ms), |c| {
+            usize::from(*c == Created::New)
+        })
+        .await
+    }
+
+    async fn append(&self, owner: &str, batch: &[Append], now_ms: i64) -> StoreResult<Vec<String>> {
+        let events = batch.iter().map(|a| a.events.len()).sum::<usize>();
+        in_span(self.0.backend(), "append_events", self.0.append(owner, batch, now_ms), |_| events).await
+    }
+
+    async fn get(&self, id: &str) -> StoreResult<Option<ExecutionRow>> {
+        in_span(self.0.backend(), "get_execution", self.0.get(id), |r| usize::from(r.is_some())).await
+    }
+
+    async fn events_after(&self, id: &str, after: i64, limit: i64) -> StoreResult<Vec<EventRow>> {
+        in_span(self.0.backend(), "read_events", self.0.events_after(id, after, limit), Vec::len).await
+    }
+
+    async fn list(&self, filter: &ExecutionFilter) -> StoreResult<Vec<ExecutionRow>> {
+        in_span(self.0.backend(), "list_executions", self.0.list(filter), Vec::len).await
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        lease_expires_at_ms: i64,
+        now_ms: i64,
+        limit: i64,
+        everything: bool,
+    ) -> StoreResult<Vec<String>> {
+        self.0.claim(owner, lease_expires_at_ms, now_ms, limit, everything).await
+    }
+
+    async fn renew(&self, owner: &str, lease_expires_at_ms: i64) -> StoreResult<Vec<String>> {
+        self.0.renew(owner, lease_expires_at_ms).await
+    }
+
+    async fn release(&self, owner: &str, ids: &[String]) -> StoreResult<()> {
+        self.0.release(owner, ids).await
+    }
+
+    async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>> {
+        in_span(self.0.backend(), "request_cancel", self.0.request_cancel(id, reason), |r| usize::from(r.is_some()))
+            .await
+    }
+
+    async fn purge_finished(&self, before_ms: i64) -> StoreResult<u64> {
+        self.0.purge_finished(before_ms).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.0.ping().await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<ExecutionNotice> {
+        self.0.subscribe()
+    }
+
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+
+    fn shared(&self) -> bool {
+        self.0.shared()
     }
 }

@@ -24,6 +24,9 @@ pub enum LogFormat {
 pub struct TelemetryConfig {
     /// Log line format.
     pub log_format: LogFormat,
+    /// Which log lines are written, in `RUST_LOG` syntax (`RUST_LOG` wins);
+    /// unset: `info,sqlx=warn,h2=warn,hyper=warn,tower=warn`.
+    pub log_filter: Option<String>,
     /// OTLP collector receiving traces, e.g. `http://127.0.0.1:4317` (gRPC)
     /// or `http://127.0.0.1:4318` (HTTP). Unset: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
     /// then `OTEL_EXPORTER_OTLP_ENDPOINT`; none of them: traces are not exported.
@@ -50,6 +53,7 @@ impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::Text,
+            log_filter: None,
             otlp_endpoint: None,
             otlp_protocol: None,
             sampler: None,

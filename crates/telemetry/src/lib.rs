@@ -90,8 +90,14 @@ pub fn init(service_name: &str, config: &TelemetryConfig) -> anyhow::Result<Tele
         None => None,
     };
 
-    let log_filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let log_filter = match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => filter,
+        Err(_) => {
+            let directives = config.log_filter.as_deref().unwrap_or(DEFAULT_LOG_FILTER);
+            tracing_subscriber::EnvFilter::try_new(directives)
+                .with_context(|| format!("log_filter `{directives}` is not a valid filter"))?
+        }
+    };
     let logs = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()

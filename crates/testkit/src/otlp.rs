@@ -67,7 +67,10 @@ pub mod kind {
 
 #[derive(Default)]
 struct Received {
+    /// Keep the spans (else only count them).
+    keep: bool,
     spans: Mutex<Vec<ReceivedSpan>>,
+    counted: AtomicU64,
     grpc_exports: AtomicU64,
     http_exports: AtomicU64,
 }
@@ -110,6 +113,11 @@ fn pairs(attributes: &[KeyValue]) -> Vec<(String, Value)> {
 
 impl Received {
     fn keep(&self, request: &ExportTraceServiceRequest) {
+        let count = request.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len() as u64).sum();
+        self.counted.fetch_add(count, Ordering::Relaxed);
+        if !self.keep {
+            return;
+        }
         let mut kept = Vec::new();
         for resource_spans in &request.resource_spans {
             let resource = resource_spans.resource.as_ref().map(|r| pairs(&r.attributes)).unwrap_or_default();
@@ -171,9 +179,19 @@ async fn http_export(State(received): State<Arc<Received>>, body: Bytes) -> axum
 impl OtlpReceiver {
     /// Starts the receiver on an ephemeral loopback port.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(true).await
+    }
+
+    /// A receiver that only counts what it is sent (for benchmarks, where
+    /// keeping millions of spans would cost more than receiving them).
+    pub async fn start_counting() -> anyhow::Result<Self> {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(keep: bool) -> anyhow::Result<Self> {
         let listener = crate::bind_local().await?;
         let addr = listener.local_addr()?;
-        let received = Arc::new(Received::default());
+        let received = Arc::new(Received { keep, ..Default::default() });
         let app = tonic::service::Routes::new(TraceServiceServer::new(GrpcReceiver(received.clone())))
             .into_axum_router()
             .route("/v1/traces", axum::routing::post(http_export).with_state(received.clone()));
@@ -192,6 +210,11 @@ impl OtlpReceiver {
     /// Every span received so far.
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.received.spans.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Spans received (kept or only counted).
+    pub fn span_count(&self) -> u64 {
+        self.received.counted.load(Ordering::Relaxed)
     }
 
     /// Export calls received over gRPC and over HTTP.

@@ -4,9 +4,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentmesh_core::plan::{Plan, PlanStep};
 use agentmesh_llm::{LlmProvider, Preferred, ReasoningEffort};
-use agentmesh_proto::json::{from_struct, to_struct};
+use agentmesh_proto::convert::{plan_to_pb, step_to_pb};
+use agentmesh_proto::json::from_struct;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::planner_service_server::PlannerService;
@@ -54,21 +54,6 @@ fn kind_pb(kind: &str) -> pb::LlmInteractionKind {
         "replan" => pb::LlmInteractionKind::Replan,
         _ => pb::LlmInteractionKind::Unspecified,
     }
-}
-
-fn step_to_pb(s: &PlanStep) -> pb::PlanStep {
-    pb::PlanStep {
-        step_id: s.step_id.clone(),
-        agent: s.agent.clone(),
-        capability: s.capability.clone(),
-        instruction: s.instruction.clone(),
-        parameters: to_struct(&s.parameters),
-        depends_on: s.depends_on.clone(),
-    }
-}
-
-fn plan_to_pb(plan: &Plan) -> pb::Plan {
-    pb::Plan { reasoning: plan.reasoning.clone(), steps: plan.steps.iter().map(step_to_pb).collect() }
 }
 
 fn stats_to_pb(
@@ -216,10 +201,19 @@ impl PlannerService for PlannerGrpc {
                 stats: None,
             }))
         };
-        let excluded = self.excluded(&r.caller_agent_ids, &[]);
-        if excluded.contains(&collab.agent) {
+        let allow: Vec<AllowPattern> = r
+            .allow
+            .iter()
+            .map(|a| AllowPattern::parse(a))
+            .collect::<Result<_, _>>()
+            .map_err(Status::invalid_argument)?;
+        if self.excluded(&r.caller_agent_ids, &[]).contains(&collab.agent) {
             return rejected(format!("agent `{}` is the calling orchestrator itself", collab.agent));
         }
+        if r.exclude_agents.contains(&collab.agent) {
+            return rejected(format!("agent `{}` was excluded by the original request", collab.agent));
+        }
+        let excluded = self.excluded(&r.caller_agent_ids, &r.exclude_agents);
         let mut discovery = self.discovery.clone();
         let catalog = catalog::fetch(&mut discovery, &excluded, false, &request_id)
             .await
@@ -228,6 +222,14 @@ impl PlannerService for PlannerGrpc {
             .into_iter()
             .filter(|c| c.agent == collab.agent && (collab.capability.is_empty() || c.capability == collab.capability))
             .collect();
+        if !allowed.is_empty() && !allow.is_empty() && !allowed.iter().any(|c| allow.iter().any(|p| p.matches(c))) {
+            return rejected(format!(
+                "`{}:{}` is not allowed by the original request's allow patterns",
+                collab.agent, collab.capability
+            ));
+        }
+        let allowed: Vec<_> =
+            allowed.into_iter().filter(|c| allow.is_empty() || allow.iter().any(|p| p.matches(c))).collect();
         if allowed.is_empty() {
             return rejected(format!(
                 "`{}:{}` is not available: no such active agent or capability, or it is internal",

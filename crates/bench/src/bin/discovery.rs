@@ -66,6 +66,11 @@ struct Args {
     /// Registry database (default: a fresh SQLite file per catalog size).
     #[arg(long)]
     database_url: Option<String>,
+    /// Trace export of the server: `off` (no endpoint: the service's
+    /// default), `on` (every request sampled and exported over OTLP/gRPC to
+    /// a receiver in this process). Each mode runs its own server.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    traces: Vec<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -78,6 +83,9 @@ enum Command {
         database_url: String,
         #[arg(long)]
         cache_ttl_secs: f64,
+        /// OTLP/gRPC endpoint to export every span to.
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
 }
 
@@ -225,15 +233,27 @@ impl GrpcCaller {
     }
 }
 
-async fn serve_child(database_url: String, cache_ttl_secs: f64) -> anyhow::Result<()> {
+async fn serve_child(database_url: String, cache_ttl_secs: f64, otlp_endpoint: Option<String>) -> anyhow::Result<()> {
+    let telemetry = agentmesh_telemetry::init(
+        "agentmesh-discovery",
+        &agentmesh_telemetry::TelemetryConfig {
+            otlp_protocol: otlp_endpoint.as_ref().map(|_| "grpc".to_owned()),
+            otlp_endpoint,
+            sampler: Some("always_on".into()),
+            log_filter: Some("warn".into()),
+            ..Default::default()
+        },
+    )?;
     let listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
     let config = agentmesh_discovery::DiscoveryConfig { database_url, cache_ttl_secs, ..Default::default() };
-    agentmesh_discovery::serve_with_listener(config, listener, async {
+    let served = agentmesh_discovery::serve_with_listener(config, listener, async {
         let mut sink = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut sink).await;
     })
-    .await
+    .await;
+    telemetry.shutdown().await;
+    served
 }
 
 async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
@@ -407,18 +427,29 @@ async fn run_load(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Serve { database_url, cache_ttl_secs }) = args.command {
-        tracing_subscriber::fmt().with_env_filter("warn").with_writer(std::io::stderr).init();
-        return serve_child(database_url, cache_ttl_secs).await;
+    if let Some(Command::Serve { database_url, cache_ttl_secs, otlp_endpoint }) = args.command {
+        return serve_child(database_url, cache_ttl_secs, otlp_endpoint).await;
     }
+    let receiver = if args.traces.iter().any(|t| t == "on") {
+        Some(agentmesh_testkit::OtlpReceiver::start_counting().await?)
+    } else {
+        None
+    };
     let exe = std::env::current_exe()?;
     let mut rows = Vec::new();
     let mut memory = Vec::new();
-    for &n in &args.agents {
-        let db_path = std::env::temp_dir().join(format!("agentmesh-bench-{}-{n}.db", std::process::id()));
+    let runs: Vec<(usize, &str)> =
+        args.agents.iter().flat_map(|&n| args.traces.iter().map(move |t| (n, t.as_str()))).collect();
+    for (n, traces) in runs {
+        anyhow::ensure!(matches!(traces, "on" | "off"), "--traces takes `off` and `on`, got `{traces}`");
+        let db_path = std::env::temp_dir().join(format!("agentmesh-bench-{}-{n}-{traces}.db", std::process::id()));
         let database_url = args.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", db_path.display()));
-        let mut child = tokio::process::Command::new(&exe)
-            .args(["serve", "--database-url", &database_url, "--cache-ttl-secs", &args.cache_ttl_secs.to_string()])
+        let mut command = tokio::process::Command::new(&exe);
+        command.args(["serve", "--database-url", &database_url, "--cache-ttl-secs", &args.cache_ttl_secs.to_string()]);
+        if let (Some(receiver), "on") = (&receiver, traces) {
+            command.args(["--otlp-endpoint", &receiver.endpoint()]);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -495,6 +526,7 @@ async fn main() -> anyhow::Result<()> {
                     };
                     let row = vec![
                         n.to_string(),
+                        if traces == "on" { "exported, 100 %".into() } else { "off".into() },
                         match protocol {
                             Protocol::Grpc if args.grpc_decode => "gRPC (decoded)".into(),
                             Protocol::Grpc => "gRPC".into(),
@@ -517,6 +549,7 @@ async fn main() -> anyhow::Result<()> {
         let (rss_end, rss_peak) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
         memory.push(vec![
             n.to_string(),
+            traces.to_owned(),
             format!("{snapshot_mib:.1}"),
             format!("{rss_loaded:.1}"),
             format!("{rss_end:.1}"),
@@ -531,15 +564,19 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     print_table(
-        &["agents", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"],
+        &["agents", "traces", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"],
         &rows,
     );
     println!();
     println!("closed-loop: each client sends its next request as soon as the last one answers.");
+    if let Some(receiver) = &receiver {
+        println!("spans received by the OTLP receiver: {}", receiver.span_count());
+    }
     println!();
     print_table(
         &[
             "agents",
+            "traces",
             "snapshot estimate (MiB)",
             "server RSS after load (MiB)",
             "RSS after benchmark (MiB)",

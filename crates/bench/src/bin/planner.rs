@@ -52,6 +52,10 @@ struct Args {
     /// The request planned.
     #[arg(long, default_value = "What is the weather in Chicago right now?")]
     query: String,
+    /// Export every span (100 % sampling) over OTLP/gRPC to a receiver in
+    /// this process, to measure what tracing costs.
+    #[arg(long)]
+    export_traces: bool,
 }
 
 const WEATHER: [(&str, &str); 5] = [
@@ -397,7 +401,18 @@ fn size_row(mode: &str, sent: &Sent) -> Vec<String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter("error").with_writer(std::io::stderr).init();
+    let receiver =
+        if args.export_traces { Some(agentmesh_testkit::OtlpReceiver::start_counting().await?) } else { None };
+    let telemetry = agentmesh_telemetry::init(
+        "agentmesh-planner",
+        &agentmesh_telemetry::TelemetryConfig {
+            otlp_endpoint: receiver.as_ref().map(agentmesh_testkit::OtlpReceiver::endpoint),
+            otlp_protocol: Some("grpc".into()),
+            sampler: Some("always_on".into()),
+            log_filter: Some("error".into()),
+            ..Default::default()
+        },
+    )?;
     let dir = std::env::temp_dir().join(format!("agentmesh-planner-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut rows = Vec::new();
@@ -425,8 +440,12 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    telemetry.shutdown().await;
     println!();
     print_table(&["capabilities", "pre-selection", "measured", "requests", "p50 ms", "p99 ms"], &rows);
+    if let Some(receiver) = &receiver {
+        println!("traces exported (100 % sampled); spans received: {}", receiver.span_count());
+    }
 
     let largest = args.capabilities.iter().copied().max().unwrap_or(1000);
     let catalog = allowed(largest);

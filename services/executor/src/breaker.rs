@@ -1,0 +1,145 @@
+//! A circuit breaker per agent: after `threshold` consecutive failures that
+//! are the agent's fault (it did not answer, or answered 5xx), calls to it
+//! fail at once with a clear error for `cooldown`; then one probe call goes
+//! through, and its outcome closes or reopens the circuit.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A circuit's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Circuit {
+    /// Calls go through.
+    Closed,
+    /// One probe call is in flight; others fail fast.
+    HalfOpen,
+    /// Calls fail fast.
+    Open,
+}
+
+impl Circuit {
+    /// The value of the circuit-state gauge (0 closed, 1 half-open, 2 open).
+    pub fn gauge(self) -> i64 {
+        match self {
+            Self::Closed => 0,
+            Self::HalfOpen => 1,
+            Self::Open => 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen,
+}
+
+/// A call the breaker let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// The call is the probe of a half-open circuit.
+    pub probe: bool,
+}
+
+/// The breakers of every agent.
+#[derive(Debug)]
+pub struct Breakers {
+    threshold: u32,
+    cooldown: Duration,
+    agents: Mutex<HashMap<String, State>>,
+}
+
+impl Breakers {
+    /// Opens after `threshold` consecutive failures (0: never), for `cooldown`.
+    pub fn new(threshold: u32, cooldown: Duration) -> Self {
+        Self { threshold, cooldown, agents: Mutex::new(HashMap::new()) }
+    }
+
+    /// Lets a call to `agent` through, or says why not.
+    pub fn admit(&self, agent: &str) -> Result<Admission, String> {
+        if self.threshold == 0 {
+            return Ok(Admission { probe: false });
+        }
+        let mut agents = self.agents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let state = agents.entry(agent.to_owned()).or_insert(State::Closed { failures: 0 });
+        match *state {
+            State::Closed { .. } => Ok(Admission { probe: false }),
+            State::Open { until } if Instant::now() >= until => {
+                *state = State::HalfOpen;
+                Ok(Admission { probe: true })
+            }
+            State::Open { until } => Err(format!(
+                "circuit open for agent `{agent}` after {} consecutive failures; calls fail fast for {} ms more",
+                self.threshold,
+                until.saturating_duration_since(Instant::now()).as_millis()
+            )),
+            State::HalfOpen => Err(format!("circuit half-open for agent `{agent}`: a probe call is in flight")),
+        }
+    }
+
+    /// Records a call's outcome; `agent_fault` is false for answers that
+    /// say nothing of the agent's health (a 4xx is the caller's problem).
+    /// Returns the circuit's new state.
+    pub fn record(&self, agent: &str, admission: Admission, agent_fault: bool) -> Circuit {
+        if self.threshold == 0 {
+            return Circuit::Closed;
+        }
+        let mut agents = self.agents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let state = agents.entry(agent.to_owned()).or_insert(State::Closed { failures: 0 });
+        *state = match (*state, agent_fault) {
+            (_, false) if admission.probe || matches!(state, State::Closed { .. }) => State::Closed { failures: 0 },
+            (State::HalfOpen, true) => State::Open { until: Instant::now() + self.cooldown },
+            (State::Closed { failures }, true) if failures + 1 >= self.threshold => {
+                tracing::warn!(agent_id = agent, failures = failures + 1, "circuit opened");
+                State::Open { until: Instant::now() + self.cooldown }
+            }
+            (State::Closed { failures }, true) => State::Closed { failures: failures + 1 },
+            // An answer from a call admitted before the circuit opened.
+            (other, _) => other,
+        };
+        match *state {
+            State::Closed { .. } => Circuit::Closed,
+            State::HalfOpen => Circuit::HalfOpen,
+            State::Open { .. } => Circuit::Open,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_closes_after_a_good_probe() {
+        let breakers = Breakers::new(3, Duration::from_millis(30));
+        for _ in 0..2 {
+            let a = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(breakers.record("x", a, true), Circuit::Closed);
+        }
+        let a = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(breakers.record("x", a, true), Circuit::Open);
+        let refused = breakers.admit("x");
+        assert!(refused.as_ref().is_err_and(|e| e.contains("circuit open for agent `x` after 3")), "{refused:?}");
+        assert!(breakers.admit("y").is_ok(), "other agents are not affected");
+        std::thread::sleep(Duration::from_millis(40));
+        let probe = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+        assert!(probe.probe);
+        assert!(breakers.admit("x").is_err(), "one probe at a time");
+        assert_eq!(breakers.record("x", probe, false), Circuit::Closed);
+        assert!(breakers.admit("x").is_ok());
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_caller_errors_do_not_count() {
+        let breakers = Breakers::new(1, Duration::from_millis(10));
+        let a = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(breakers.record("x", a, false), Circuit::Closed, "a 4xx answer is not the agent's fault");
+        let a = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(breakers.record("x", a, true), Circuit::Open);
+        std::thread::sleep(Duration::from_millis(15));
+        let probe = breakers.admit("x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(breakers.record("x", probe, true), Circuit::Open);
+    }
+}

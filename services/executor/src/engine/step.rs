@@ -1,0 +1,149 @@
+//! One step, attempt after attempt: find its agent in discovery, pass its
+//! circuit, call it within the timeout, check the output, and retry what
+//! may succeed on a second try. The runner hears of each retry and of the
+//! outcome through its channel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentmesh_core::schema::validate_instance;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use super::Engine;
+use super::runner::Msg;
+use crate::catalog::{LookupError, target_of};
+use crate::transport::{AgentTransport, Call, Failure, Reply};
+
+/// What a step task needs.
+pub struct StepJob {
+    /// The execution.
+    pub execution_id: Arc<str>,
+    /// The originating request.
+    pub request_id: Arc<str>,
+    /// Position of the step in the runner's list.
+    pub index: usize,
+    /// The step.
+    pub step_id: String,
+    /// Its agent.
+    pub agent: String,
+    /// Its capability.
+    pub capability: String,
+    /// Parameters, references resolved.
+    pub parameters: Value,
+    /// Instruction, references resolved.
+    pub instruction: String,
+    /// The caller's own agents, never called.
+    pub callers: Arc<[String]>,
+    /// Number of the first attempt made here.
+    pub first_attempt: u32,
+    /// Retries still allowed.
+    pub retries_left: u32,
+    /// Timeout of each attempt.
+    pub timeout: Duration,
+}
+
+/// Runs the step to its outcome; the runner aborts the task to cancel it.
+pub async fn run(engine: Arc<Engine>, job: StepJob, tx: mpsc::Sender<Msg>) {
+    let started = Instant::now();
+    let mut attempt = job.first_attempt;
+    let mut retries_left = job.retries_left;
+    loop {
+        let span = tracing::debug_span!(
+            "step",
+            otel.name = %format_args!("step {} {}:{}", job.step_id, job.agent, job.capability),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            request_id = %job.request_id,
+            execution_id = %job.execution_id,
+            step_id = %job.step_id,
+            agent_id = %job.agent,
+            capability = %job.capability,
+            attempt,
+            error = tracing::field::Empty,
+        );
+        let outcome = attempt_once(&engine, &job, attempt).instrument(span.clone()).await;
+        if let Err(failure) = &outcome {
+            span.record("otel.status_code", "ERROR");
+            span.record("error", failure.message.as_str());
+        }
+        match outcome {
+            Err(failure) if failure.retryable && retries_left > 0 => {
+                let delay = engine.settings.backoff.delay(attempt, failure.retry_after);
+                engine.metrics.retries.with_label_values(&[&job.agent]).inc();
+                let retrying = Msg::Retrying { index: job.index, attempt, error: failure.message, delay };
+                if tx.send(retrying).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+                retries_left -= 1;
+            }
+            outcome => {
+                let result = outcome.map_err(|f| {
+                    if f.retryable && job.retries_left > 0 {
+                        format!("{} (after {} attempts)", f.message, attempt - job.first_attempt + 1)
+                    } else {
+                        f.message
+                    }
+                });
+                let _ = tx.send(Msg::Finished { index: job.index, attempt, result, duration: started.elapsed() }).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Reply, Failure> {
+    let agent = match engine.catalog.agent(&job.agent).await {
+        Ok(agent) => agent,
+        Err(LookupError::UnknownAgent(id)) => {
+            return Err(Failure::fatal(format!(
+                "agent `{id}` is not registered (it may have been deregistered since the plan was made)"
+            )));
+        }
+        Err(LookupError::Unavailable(message)) => {
+            return Err(Failure {
+                message: format!("discovery is unavailable, so the agent's address is unknown: {message}"),
+                retryable: true,
+                retry_after: None,
+                agent_fault: false,
+            });
+        }
+    };
+    let target = target_of(&agent, &job.capability, &job.callers).map_err(Failure::fatal)?;
+    let admission = engine.breakers.admit(&job.agent).map_err(Failure::fatal)?;
+    let _permit = engine.step_permits.acquire().await.map_err(|_| Failure::fatal("the executor is stopping"))?;
+    let call = Call {
+        target: &target,
+        parameters: &job.parameters,
+        instruction: &job.instruction,
+        request_id: &job.request_id,
+        execution_id: &job.execution_id,
+        step_id: &job.step_id,
+        attempt,
+        timeout: job.timeout,
+    };
+    let transport: &dyn AgentTransport = match target.transport {
+        agentmesh_core::Transport::Http => &engine.http,
+        agentmesh_core::Transport::Grpc => &engine.grpc,
+    };
+    let result = transport.invoke(&call).await;
+    let fault = result.as_ref().err().is_some_and(|f| f.agent_fault);
+    let circuit = engine.breakers.record(&job.agent, admission, fault);
+    engine.metrics.circuit.with_label_values(&[&job.agent]).set(circuit.gauge());
+    let reply = result?;
+    if let Some(schema) = &target.output_schema {
+        let violations = validate_instance(schema, &reply.output);
+        if !violations.is_empty() {
+            return Err(Failure::fatal(format!(
+                "the output does not fit the output schema of {}:{}: {}",
+                job.agent,
+                job.capability,
+                violations.join("; ")
+            )));
+        }
+    }
+    Ok(reply)
+}

@@ -1,0 +1,282 @@
+//! The agentmesh executor: runs validated plans as DAGs against the agents
+//! discovery knows, stores every event before streaming it, and keeps each
+//! execution owned by one replica through a lease in the database, so that
+//! an execution survives a crash of its executor and moves to another
+//! replica when its owner stops. See docs/executor.md and docs/agents.md.
+
+pub mod breaker;
+pub mod catalog;
+pub mod convert;
+pub mod egress;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod retry;
+pub mod service;
+pub mod transport;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_core::execution::ExecutionOptions;
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_proto::v1::executor_service_server::ExecutorServiceServer;
+use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
+use agentmesh_server::{Dependency, HealthChecker};
+use agentmesh_telemetry::rpc::traced;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use error::ExecutorError;
+
+/// Fully qualified gRPC name of the executor service (for health checks).
+pub const SERVICE_NAME: &str = "agentmesh.v1.ExecutorService";
+
+/// Configuration of the executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecutorConfig {
+    /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
+    pub listen: SocketAddr,
+    /// Where executions and their events are stored (`sqlite://…` or
+    /// `postgres://…`); replicas sharing a PostgreSQL database share the work.
+    pub database_url: String,
+    /// Discovery's address: every agent address comes from there.
+    pub discovery_url: String,
+    /// The planner's address, for loop-back (collaboration requests); none:
+    /// collaboration requests are rejected.
+    pub planner_url: Option<String>,
+    /// Steps of one execution running at once, unless the request says.
+    pub max_concurrency: u32,
+    /// Milliseconds one attempt of a step may take, unless the request says.
+    pub step_timeout_ms: u64,
+    /// Retries of a step after a retryable failure, unless the request says.
+    pub max_retries: u32,
+    /// Replans per execution, unless the request says.
+    pub replan_budget: u32,
+    /// Agent calls in flight at once, across every execution.
+    pub max_concurrent_steps: usize,
+    /// Executions this replica runs at once.
+    pub max_concurrent_executions: usize,
+    /// Most steps in a plan.
+    pub max_steps_per_plan: usize,
+    /// Largest request accepted, in bytes.
+    pub max_request_bytes: usize,
+    /// Largest agent answer accepted, in bytes; larger answers fail the step.
+    pub max_output_bytes: usize,
+    /// Milliseconds before the first retry (doubling each time, jittered).
+    pub retry_base_ms: u64,
+    /// Longest wait between attempts, `Retry-After` included, in milliseconds.
+    pub retry_max_ms: u64,
+    /// Consecutive failures that open an agent's circuit (0: never).
+    pub circuit_failure_threshold: u32,
+    /// Seconds an open circuit fails calls fast before one probe goes through.
+    pub circuit_open_secs: f64,
+    /// Seconds an execution's owner may go without renewing its lease
+    /// before another replica takes the execution over.
+    pub lease_secs: f64,
+    /// Hours finished executions (and their events) are kept.
+    pub retention_hours: u64,
+    /// Networks agents may not be called in (CIDR): metadata services and
+    /// link-local addresses by default.
+    pub egress_deny: Vec<String>,
+    /// Networks allowed even when denied above.
+    pub egress_allow: Vec<String>,
+    /// Seconds a unary call may take (streams run as long as their execution).
+    pub request_timeout_secs: f64,
+    /// Calls handled at once.
+    pub max_concurrent_requests: usize,
+    /// Seconds between checks of the store and discovery for health.
+    pub health_check_interval_secs: f64,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7402)),
+            database_url: "sqlite://agentmesh.db".into(),
+            discovery_url: "http://127.0.0.1:7400".into(),
+            planner_url: None,
+            max_concurrency: 16,
+            step_timeout_ms: 30_000,
+            max_retries: 2,
+            replan_budget: 3,
+            max_concurrent_steps: 1024,
+            max_concurrent_executions: 1000,
+            max_steps_per_plan: 10_000,
+            max_request_bytes: 8 * 1024 * 1024,
+            max_output_bytes: 1024 * 1024,
+            retry_base_ms: 100,
+            retry_max_ms: 30_000,
+            circuit_failure_threshold: 5,
+            circuit_open_secs: 10.0,
+            lease_secs: 10.0,
+            retention_hours: 24 * 7,
+            egress_deny: egress::DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect(),
+            egress_allow: Vec::new(),
+            request_timeout_secs: 30.0,
+            max_concurrent_requests: 10_000,
+            health_check_interval_secs: 2.0,
+        }
+    }
+}
+
+impl ExecutorConfig {
+    /// Checks the values once at start-up.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.max_concurrency >= 1, "max_concurrency must be at least 1");
+        anyhow::ensure!(self.step_timeout_ms >= 1, "step_timeout_ms must be at least 1");
+        anyhow::ensure!(self.max_concurrent_steps >= 1, "max_concurrent_steps must be at least 1");
+        anyhow::ensure!(self.max_concurrent_executions >= 1, "max_concurrent_executions must be at least 1");
+        anyhow::ensure!(self.max_steps_per_plan >= 1, "max_steps_per_plan must be at least 1");
+        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
+        anyhow::ensure!(self.max_output_bytes >= 1024, "max_output_bytes must be at least 1024");
+        for (name, value, min) in [
+            ("circuit_open_secs", self.circuit_open_secs, 0.001),
+            ("lease_secs", self.lease_secs, 0.1),
+            ("request_timeout_secs", self.request_timeout_secs, 0.001),
+            ("health_check_interval_secs", self.health_check_interval_secs, 0.05),
+        ] {
+            anyhow::ensure!(value.is_finite() && value >= min, "{name} must be at least {min}, got {value}");
+        }
+        anyhow::ensure!(
+            self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
+            "database_url must start with sqlite: or postgres://, got `{}`",
+            self.database_url
+        );
+        egress::Egress::new(&self.egress_deny, &self.egress_allow).map_err(|e| anyhow::anyhow!("egress: {e}"))?;
+        Ok(())
+    }
+
+    /// The limits of the shared server stack.
+    pub fn limits(&self) -> agentmesh_server::Limits {
+        agentmesh_server::Limits {
+            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_request_bytes: self.max_request_bytes,
+        }
+    }
+
+    fn settings(&self) -> engine::Settings {
+        engine::Settings {
+            defaults: ExecutionOptions {
+                max_concurrency: self.max_concurrency,
+                step_timeout_ms: self.step_timeout_ms,
+                max_retries: self.max_retries,
+                replan_budget: self.replan_budget,
+            },
+            max_steps: self.max_steps_per_plan,
+            max_concurrent_executions: self.max_concurrent_executions,
+            lease: Duration::from_secs_f64(self.lease_secs),
+            backoff: retry::Backoff {
+                base: Duration::from_millis(self.retry_base_ms.max(1)),
+                max: Duration::from_millis(self.retry_max_ms.max(1)),
+            },
+            retention: Duration::from_secs(self.retention_hours.saturating_mul(3600)),
+        }
+    }
+}
+
+fn channel(url: &str, what: &str) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("{what} url `{url}`"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// Binds `config.listen` and serves until `shutdown` resolves.
+pub async fn serve(config: ExecutorConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener = agentmesh_server::net::listen(config.listen)
+        .with_context(|| format!("binding the executor to {}", config.listen))?;
+    serve_with_listener(config, listener, shutdown).await
+}
+
+/// Serves on an already bound listener until `shutdown` resolves.
+pub async fn serve_with_listener(
+    config: ExecutorConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let store = agentmesh_store::connect_executions(&config.database_url).await.with_context(|| {
+        format!("opening the execution store at {}", agentmesh_server::redact(&config.database_url))
+    })?;
+    let discovery_channel = channel(&config.discovery_url, "discovery")?;
+    let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced(discovery_channel.clone()))));
+    let planner = match &config.planner_url {
+        Some(url) => Some(PlannerServiceClient::new(traced(channel(url, "planner")?))),
+        None => None,
+    };
+    let egress = Arc::new(egress::Egress::new(&config.egress_deny, &config.egress_allow).map_err(anyhow::Error::msg)?);
+    let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let owner = format!("executor-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+    let engine = engine::Engine::new(engine::Parts {
+        settings: config.settings(),
+        owner: owner.clone(),
+        store: store.clone(),
+        catalog: catalog.clone(),
+        http: transport::http::HttpTransport::new(egress.clone(), config.max_output_bytes)?,
+        grpc: transport::grpc::GrpcTransport::new(egress, config.max_output_bytes),
+        breakers: breaker::Breakers::new(
+            config.circuit_failure_threshold,
+            Duration::from_secs_f64(config.circuit_open_secs),
+        ),
+        planner,
+        metrics: metrics.clone(),
+        max_concurrent_steps: config.max_concurrent_steps,
+        stop: stop_rx.clone(),
+    });
+    catalog.spawn_watch(stop_rx.clone());
+    engine::ownership::spawn(&engine, stop_rx.clone());
+
+    let (health_reporter, health_service) = agentmesh_server::grpc::health();
+    let interval = Duration::from_secs_f64(config.health_check_interval_secs);
+    let pinged = store.clone();
+    let readiness =
+        HealthChecker {
+            service: SERVICE_NAME,
+            dependencies: vec![
+                Dependency::new("store", move || {
+                    let store = pinged.clone();
+                    async move {
+                        store.ping().await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}"))
+                    }
+                }),
+                Dependency::grpc("discovery", discovery_channel),
+            ],
+            reporter: health_reporter,
+            interval,
+            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
+        }
+        .spawn(stop_rx.clone())
+        .await;
+
+    let service = service::ExecutorGrpc { engine, max_steps: config.max_steps_per_plan };
+    let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
+    let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;
+    let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());
+    let app =
+        agentmesh_server::probes::router(render, readiness).merge(grpc).fallback(agentmesh_server::grpc::not_found);
+    let app = agentmesh_server::stack(app, &config.limits());
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        backend = store.backend(),
+        replica = %owner,
+        "executor listening (gRPC and HTTP)"
+    );
+    agentmesh_server::serve("executor", listener, app, async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await?;
+    // Let the lease keeper hand the running executions on before exiting.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tracing::info!("executor stopped");
+    Ok(())
+}
