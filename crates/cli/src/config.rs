@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use agentmesh_discovery::DiscoveryConfig;
+use agentmesh_executor::ExecutorConfig;
 use agentmesh_planner::PlannerConfig;
 use agentmesh_telemetry::TelemetryConfig;
 use anyhow::Context;
@@ -23,6 +24,8 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// `[planner]` section.
     pub planner: PlannerConfig,
+    /// `[executor]` section.
+    pub executor: ExecutorConfig,
     /// `[telemetry]` section: logs and trace export, for every command.
     pub telemetry: TelemetryConfig,
 }
@@ -41,7 +44,7 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
         Env::prefixed("AGENTMESH_")
             .filter(|key| {
                 let key = key.as_str().to_ascii_lowercase();
-                ["discovery__", "planner__", "telemetry__"].iter().any(|section| key.starts_with(section))
+                ["discovery__", "planner__", "executor__", "telemetry__"].iter().any(|section| key.starts_with(section))
             })
             .split("__"),
     );
@@ -149,9 +152,17 @@ impl DiscoveryArgs {
 /// Flags of `agentmesh up`.
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Address serving gRPC and HTTP [default: 127.0.0.1:7400].
+    /// Discovery's address, gRPC and HTTP [default: 127.0.0.1:7400].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Also run the planner with this LLM (`provider:model`, see `serve
+    /// planner --help`); without it the planner runs only when `[planner]
+    /// llm` is configured.
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long)]
+    pub llm_base_url: Option<String>,
     /// Directory holding the embedded SQLite registry.
     #[arg(long, default_value = ".agentmesh")]
     pub data_dir: PathBuf,
@@ -166,14 +177,19 @@ impl UpArgs {
         std::fs::create_dir_all(&self.data_dir)
             .with_context(|| format!("creating data directory {}", self.data_dir.display()))?;
         let mut out = Vec::new();
-        if std::env::var_os("AGENTMESH_DISCOVERY__DATABASE_URL").is_none() {
-            push(
-                &mut out,
-                "discovery.database_url",
-                Some(format!("sqlite://{}", self.data_dir.join("agentmesh.db").display())),
-            );
+        let embedded = format!("sqlite://{}", self.data_dir.join("agentmesh.db").display());
+        for (variable, key) in [
+            ("AGENTMESH_DISCOVERY__DATABASE_URL", "discovery.database_url"),
+            ("AGENTMESH_PLANNER__DATABASE_URL", "planner.database_url"),
+            ("AGENTMESH_EXECUTOR__DATABASE_URL", "executor.database_url"),
+        ] {
+            if std::env::var_os(variable).is_none() {
+                push(&mut out, key, Some(embedded.clone()));
+            }
         }
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "planner.llm", self.llm.clone());
+        push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
         Ok(out)
     }
 }
@@ -239,6 +255,55 @@ impl PlannerArgs {
         if !self.self_agent_ids.is_empty() {
             push(&mut out, "planner.self_agent_ids", Some(self.self_agent_ids.clone()));
         }
+        out
+    }
+}
+
+/// Flags of `agentmesh serve executor`.
+#[derive(Args, Debug)]
+pub struct ExecutorArgs {
+    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7402].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Discovery's address [default: http://127.0.0.1:7400].
+    #[arg(long)]
+    pub discovery: Option<String>,
+    /// The planner's address, for loop-back [default: none: collaboration requests are rejected].
+    #[arg(long)]
+    pub planner: Option<String>,
+    /// Where executions are stored: `sqlite://PATH` or `postgres://…` (replicas
+    /// sharing PostgreSQL share the work) [default: sqlite://agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Steps of one execution running at once [default: 16].
+    #[arg(long)]
+    pub max_concurrency: Option<u32>,
+    /// Milliseconds one attempt of a step may take [default: 30000].
+    #[arg(long)]
+    pub step_timeout_ms: Option<u64>,
+    /// Retries after a retryable failure [default: 2].
+    #[arg(long)]
+    pub max_retries: Option<u32>,
+    /// Seconds before another replica takes over the executions of one that stopped [default: 10].
+    #[arg(long)]
+    pub lease_secs: Option<f64>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ExecutorArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, "executor.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "executor.discovery_url", self.discovery.clone());
+        push(&mut out, "executor.planner_url", self.planner.clone());
+        push(&mut out, "executor.database_url", self.database_url.clone());
+        push(&mut out, "executor.max_concurrency", self.max_concurrency);
+        push(&mut out, "executor.step_timeout_ms", self.step_timeout_ms);
+        push(&mut out, "executor.max_retries", self.max_retries);
+        push(&mut out, "executor.lease_secs", self.lease_secs);
         out
     }
 }

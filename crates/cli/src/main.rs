@@ -8,7 +8,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod agents;
 mod config;
 mod connect;
+mod executions;
 mod plan;
+mod up;
 
 use std::path::PathBuf;
 
@@ -34,7 +36,8 @@ enum Command {
         #[command(subcommand)]
         service: ServeCommand,
     },
-    /// Run the mesh in one process on the embedded default (SQLite in --data-dir).
+    /// Run the mesh in one process on the embedded default (SQLite in
+    /// --data-dir): discovery, the executor, and the planner when an LLM is given.
     Up(config::UpArgs),
     /// Register, inspect and remove agents in a running discovery service.
     Agents(agents::AgentsArgs),
@@ -42,6 +45,10 @@ enum Command {
     Plan(plan::PlanArgs),
     /// List the LLM calls the planner made for a request.
     Interactions(plan::InteractionsArgs),
+    /// Run a plan file on the executor, following its progress; fails unless it completes.
+    Run(executions::RunArgs),
+    /// List, inspect, follow and cancel executions.
+    Executions(executions::ExecutionsArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -50,6 +57,8 @@ enum ServeCommand {
     Discovery(config::DiscoveryArgs),
     /// The planner service: gRPC, and HTTP (/metrics, /healthz, /readyz) on one port.
     Planner(config::PlannerArgs),
+    /// The executor service: runs plans as durable DAGs; gRPC and HTTP on one port.
+    Executor(config::ExecutorArgs),
 }
 
 async fn shutdown_signal() {
@@ -80,8 +89,13 @@ impl Command {
         match self {
             Command::Serve { service: ServeCommand::Discovery(_) } => "agentmesh-discovery",
             Command::Serve { service: ServeCommand::Planner(_) } => "agentmesh-planner",
+            Command::Serve { service: ServeCommand::Executor(_) } => "agentmesh-executor",
             Command::Up(_) => "agentmesh",
-            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => "agentmesh-cli",
+            Command::Agents(_)
+            | Command::Plan(_)
+            | Command::Interactions(_)
+            | Command::Run(_)
+            | Command::Executions(_) => "agentmesh-cli",
         }
     }
 
@@ -90,8 +104,13 @@ impl Command {
         Ok(match self {
             Command::Serve { service: ServeCommand::Discovery(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
+            Command::Serve { service: ServeCommand::Executor(args) } => args.overrides(),
             Command::Up(args) => args.overrides()?,
-            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => Vec::new(),
+            Command::Agents(_)
+            | Command::Plan(_)
+            | Command::Interactions(_)
+            | Command::Run(_)
+            | Command::Executions(_) => Vec::new(),
         })
     }
 
@@ -99,8 +118,13 @@ impl Command {
         match self {
             Command::Serve { service: ServeCommand::Discovery(args) } => args.print_config,
             Command::Serve { service: ServeCommand::Planner(args) } => args.print_config,
+            Command::Serve { service: ServeCommand::Executor(args) } => args.print_config,
             Command::Up(args) => args.print_config,
-            Command::Agents(_) | Command::Plan(_) | Command::Interactions(_) => false,
+            Command::Agents(_)
+            | Command::Plan(_)
+            | Command::Interactions(_)
+            | Command::Run(_)
+            | Command::Executions(_) => false,
         }
     }
 }
@@ -146,17 +170,15 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::Serve { service: ServeCommand::Discovery(_) } => {
             agentmesh_discovery::serve(config.discovery, shutdown_signal()).await
         }
-        Command::Up(_) => {
-            eprintln!(
-                "agentmesh up: discovery on {} (gRPC and HTTP), registry {}",
-                config.discovery.listen,
-                agentmesh_discovery::redact(&config.discovery.database_url)
-            );
-            agentmesh_discovery::serve(config.discovery, shutdown_signal()).await
-        }
+        Command::Up(_) => up::run(config, shutdown_signal()).await,
         Command::Serve { service: ServeCommand::Planner(_) } => {
             agentmesh_planner::serve(config.planner, shutdown_signal()).await
         }
+        Command::Serve { service: ServeCommand::Executor(_) } => {
+            agentmesh_executor::serve(config.executor, shutdown_signal()).await
+        }
+        Command::Run(args) => executions::run(args).await,
+        Command::Executions(args) => executions::executions(args).await,
         Command::Agents(args) => agents::run(args).await,
         Command::Plan(args) => plan::plan(args).await,
         Command::Interactions(args) => plan::interactions(args).await,

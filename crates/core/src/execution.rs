@@ -186,6 +186,13 @@ pub struct ExecutionSpec {
     pub allow: Vec<String>,
 }
 
+/// The time now, in whole milliseconds: what the store keeps, so that an
+/// event streamed live and the same event read back are equal.
+pub fn now_ms() -> DateTime<Utc> {
+    let now = Utc::now();
+    DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
+}
+
 /// One event of an execution.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {

@@ -8,6 +8,7 @@
 //! server that does not answer fails the test; elsewhere the test reports
 //! that it was skipped, loudly, and returns.
 
+mod agent;
 mod llm;
 mod otlp;
 mod process;
@@ -17,6 +18,7 @@ mod service;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use agent::{Answer, Behavior, FakeAgent, ReceivedCall};
 pub use llm::{RecordedRequest, ScriptedLlmServer, ScriptedReply, TEST_CA_PEM};
 pub use otlp::{OtlpReceiver, ReceivedEvent, ReceivedSpan, kind as span_kind};
 pub use process::ServiceProcess;
@@ -183,4 +185,20 @@ mod tests {
         assert_eq!(replace_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
         assert_eq!(replace_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
     }
+}
+
+/// Declares one test per backend for an async case `fn(Backend)`, in
+/// modules `sqlite` and `postgres`.
+#[macro_export]
+macro_rules! both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case($crate::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case($crate::Backend::Postgres).await })*
+        }
+    };
 }

@@ -358,7 +358,7 @@ async fn a_heartbeat_stales_only_the_bodies_that_show_its_agent(backend: Backend
     assert_eq!(ids, ["weather-tool-a"], "b reported itself degraded");
 }
 
-both_backends!(
+agentmesh_testkit::both_backends!(
     a_heartbeat_stales_only_the_bodies_that_show_its_agent,
     shared_answers_follow_heartbeats_writes_and_health,
     rpc_lifecycle,

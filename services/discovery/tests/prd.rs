@@ -456,7 +456,7 @@ async fn each_answer_carries_its_own_time(backend: Backend) {
     }
 }
 
-both_backends!(
+agentmesh_testkit::both_backends!(
     each_answer_carries_its_own_time,
     basic_discovery,
     single_agent,

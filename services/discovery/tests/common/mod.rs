@@ -162,18 +162,3 @@ pub fn catalog() -> Vec<Value> {
         }),
     ]
 }
-
-/// Declares one test per backend for an async case `fn(Backend)`.
-#[macro_export]
-macro_rules! both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case(agentmesh_testkit::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case(agentmesh_testkit::Backend::Postgres).await })*
-        }
-    };
-}

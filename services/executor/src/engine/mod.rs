@@ -166,7 +166,7 @@ impl Engine {
             kind: EventKind::ExecutionStarted,
             step_id: String::new(),
             attempt: 0,
-            at: chrono::Utc::now(),
+            at: agentmesh_core::execution::now_ms(),
             payload: EventPayload::default(),
         };
         let new = NewExecution {

@@ -212,7 +212,7 @@ impl Runner {
             kind,
             step_id: step_id.to_owned(),
             attempt,
-            at: chrono::Utc::now(),
+            at: agentmesh_core::execution::now_ms(),
             payload,
         }
     }

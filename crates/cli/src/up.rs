@@ -1,0 +1,49 @@
+//! `agentmesh up`: the mesh in one process on the embedded default.
+//! Discovery and the executor always run; the planner runs when an LLM is
+//! configured, and the executor then uses it for loop-back.
+
+use std::future::Future;
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+
+/// Runs every service until `shutdown` resolves; the first to fail stops the rest.
+pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let (stop, stopped) = watch::channel(false);
+    let until = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let with_planner = !config.planner.llm.trim().is_empty();
+    let discovery_url = format!("http://{}", config.discovery.listen);
+    config.planner.discovery_url.clone_from(&discovery_url);
+    config.executor.discovery_url = discovery_url;
+    if with_planner {
+        config.executor.planner_url = Some(format!("http://{}", config.planner.listen));
+    }
+    eprintln!(
+        "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}; data in {}",
+        config.discovery.listen,
+        config.executor.listen,
+        if with_planner {
+            format!(", planner on {} ({})", config.planner.listen, config.planner.llm)
+        } else {
+            ", no planner (pass --llm provider:model to run one)".to_owned()
+        },
+        agentmesh_discovery::redact(&config.discovery.database_url),
+    );
+    let discovery = agentmesh_discovery::serve(config.discovery, until());
+    let executor = agentmesh_executor::serve(config.executor, until());
+    let planner =
+        async move { if with_planner { agentmesh_planner::serve(config.planner, until()).await } else { Ok(()) } };
+    let signal = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+        Ok::<(), anyhow::Error>(())
+    };
+    tokio::try_join!(discovery, executor, planner, signal)?;
+    Ok(())
+}
