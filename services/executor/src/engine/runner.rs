@@ -97,8 +97,8 @@ pub struct Runner {
     ready: VecDeque<usize>,
     running: HashMap<usize, JoinHandle<()>>,
     replans: Vec<JoinHandle<()>>,
-    /// Replans asked for and not yet answered.
-    replans_pending: usize,
+    /// Collaborations asked of the planner and not yet answered.
+    asking: Vec<Collaboration>,
     commits: FuturesUnordered<futures_util::future::BoxFuture<'static, (Then, Written)>>,
     tx: mpsc::Sender<Msg>,
     rx: mpsc::Receiver<Msg>,
@@ -121,7 +121,7 @@ impl Runner {
             ready: VecDeque::new(),
             running: HashMap::new(),
             replans: Vec::new(),
-            replans_pending: 0,
+            asking: Vec::new(),
             commits: FuturesUnordered::new(),
             tx,
             rx,
@@ -202,7 +202,7 @@ impl Runner {
         self.running.is_empty()
             && self.ready.is_empty()
             && self.commits.is_empty()
-            && self.replans_pending == 0
+            && self.asking.is_empty()
             && self.state.steps.iter().all(|s| s.status.is_final())
     }
 
@@ -324,7 +324,9 @@ impl Runner {
                 }
             }
             Msg::Replanned { step_id, collaboration, outcome } => {
-                self.replans_pending = self.replans_pending.saturating_sub(1);
+                if let Some(at) = self.asking.iter().position(|c| *c == collaboration) {
+                    self.asking.remove(at);
+                }
                 match outcome {
                     ReplanOutcome::Steps(steps) => self.extend(step_id, collaboration, steps).await,
                     ReplanOutcome::Rejected(reason) => self.reject(&step_id, collaboration, reason).await,
@@ -384,7 +386,7 @@ impl Runner {
     /// the planner is asked (in the background); otherwise it is rejected.
     async fn collaborate(&mut self, step_id: String, collaboration: Collaboration) {
         let budget = self.state.spec.options.replan_budget;
-        let in_flight = u32::try_from(self.replans_pending).unwrap_or(u32::MAX);
+        let in_flight = u32::try_from(self.asking.len()).unwrap_or(u32::MAX);
         if self.state.replans_used.saturating_add(in_flight) >= budget {
             let reason = if budget == 0 {
                 "loop-back is disabled for this execution (replan_budget 0)".to_owned()
@@ -393,7 +395,7 @@ impl Runner {
             };
             return self.reject(&step_id, collaboration, reason).await;
         }
-        if self.state.seen_collaborations.contains(&collaboration) {
+        if self.state.seen_collaborations.contains(&collaboration) || self.asking.contains(&collaboration) {
             let reason = format!(
                 "the same collaboration (agent `{}`, capability `{}`, query \"{}\") was already asked for in this execution",
                 collaboration.agent, collaboration.capability, collaboration.query
@@ -412,7 +414,7 @@ impl Runner {
         let engine = self.engine.clone();
         let tx = self.tx.clone();
         self.replans.retain(|r| !r.is_finished());
-        self.replans_pending += 1;
+        self.asking.push(request.collaboration.clone());
         self.replans.push(tokio::spawn(
             async move {
                 let (step_id, collaboration) = (request.step_id.clone(), request.collaboration.clone());
