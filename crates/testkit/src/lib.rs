@@ -175,18 +175,6 @@ pub async fn bind_local() -> std::io::Result<tokio::net::TcpListener> {
     agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::replace_database;
-
-    #[test]
-    fn replaces_the_database_name() {
-        assert_eq!(replace_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
-        assert_eq!(replace_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
-        assert_eq!(replace_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
-    }
-}
-
 /// Declares one test per backend for an async case `fn(Backend)`, in
 /// modules `sqlite` and `postgres`.
 #[macro_export]
@@ -202,3 +190,16 @@ macro_rules! both_backends {
         }
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::replace_database;
+
+    #[test]
+    fn replaces_the_database_name() {
+        assert_eq!(replace_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
+        assert_eq!(replace_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+        assert_eq!(replace_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
+    }
+}
+
