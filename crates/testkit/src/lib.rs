@@ -202,4 +202,3 @@ mod tests {
         assert_eq!(replace_database("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
     }
 }
-
