@@ -267,3 +267,92 @@ async fn without_an_endpoint_nothing_is_exported_and_bad_settings_are_refused() 
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("unknown sampler `sometimes`"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_run_is_one_trace_from_the_cli_through_the_executor_to_the_agent() {
+    let receiver = OtlpReceiver::start().await.unwrap();
+    let endpoint = receiver.endpoint();
+    let db = TestDatabase::sqlite();
+    let exe = Path::new(EXE);
+    let env = [("OTEL_BSP_SCHEDULE_DELAY", "100"), ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let discovery =
+        ServiceProcess::spawn(exe, &["serve", "discovery", "--listen", "127.0.0.1:0", "--database-url", &db.url], &env)
+            .await
+            .unwrap();
+    let agent = agentmesh_testkit::FakeAgent::start(vec![(
+        "get_current_weather",
+        agentmesh_testkit::Behavior::Echo(std::time::Duration::ZERO),
+    )])
+    .await
+    .unwrap();
+    let registered = agentmesh_testkit::http_client()
+        .post(format!("{}/api/v1/agents", discovery.url()))
+        .json(&agent.registration("weather-tool-v2", &[("get_current_weather", None)]))
+        .send()
+        .await
+        .unwrap();
+    assert!(registered.status().is_success());
+    let mut executor = ServiceProcess::spawn(
+        exe,
+        &["serve", "executor", "--listen", "127.0.0.1:0", "--discovery", &discovery.url(), "--database-url", &db.url],
+        &env,
+    )
+    .await
+    .unwrap();
+    let plan_file = std::env::temp_dir().join(format!("agentmesh-trace-plan-{}.json", std::process::id()));
+    std::fs::write(
+        &plan_file,
+        json!({"reasoning": "one call", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
+            "capability": "get_current_weather", "instruction": "Weather in Chicago",
+            "parameters": {"location": "Chicago"}, "depends_on": []}]})
+        .to_string(),
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(exe)
+        .args(["run", plan_file.to_str().unwrap(), "--executor", &executor.url(), "--otlp-endpoint", &endpoint])
+        .output()
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(&plan_file);
+    assert!(run.status.success(), "agentmesh run failed: {}", String::from_utf8_lossy(&run.stderr));
+    let printed: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(printed["status"], "completed");
+    assert_eq!(printed["outputs"]["s1"], json!({"echo": {"location": "Chicago"}}));
+    assert!(executor.terminate().await.unwrap().success());
+
+    let spans = receiver
+        .wait_for(Duration::from_secs(10), |spans| spans.iter().any(|s| s.name.starts_with("execution ")))
+        .await;
+    let cli_call = one(&spans, "CLI Execute client", |s| {
+        s.service == "agentmesh-cli" && s.kind == span_kind::CLIENT && s.name == "agentmesh.v1.ExecutorService/Execute"
+    });
+    let trace = cli_call.trace_id.clone();
+    let server = one(&spans, "executor Execute server", |s| {
+        s.service == "agentmesh-executor" && s.kind == span_kind::SERVER && s.name.ends_with("/Execute")
+    });
+    assert_eq!((server.trace_id.as_str(), server.parent_span_id.as_str()), (trace.as_str(), cli_call.span_id.as_str()));
+    let execution =
+        one(&spans, "execution span", |s| s.service == "agentmesh-executor" && s.name.starts_with("execution "));
+    assert_eq!(execution.trace_id, trace);
+    assert_eq!(execution.attribute("request_id").as_deref(), printed["request_id"].as_str());
+    let step = one(&spans, "step span", |s| s.service == "agentmesh-executor" && s.name.starts_with("step s1"));
+    assert_eq!((step.trace_id.as_str(), step.parent_span_id.as_str()), (trace.as_str(), execution.span_id.as_str()));
+    for field in ["request_id", "execution_id", "step_id", "agent_id"] {
+        assert!(step.attribute(field).is_some_and(|v| !v.is_empty()), "step span has {field}: {step:?}");
+    }
+    let created = one(&spans, "execution stored", |s| s.name == "create_execution sqlite");
+    assert_eq!((created.trace_id.as_str(), created.parent_span_id.as_str()), (trace.as_str(), server.span_id.as_str()));
+    assert!(
+        !spans.iter().any(|s| s.name.starts_with("append_events")),
+        "batched event writes serve many requests and make no span of their own"
+    );
+    // The agent's call carries the step's context: same trace, the step span as parent.
+    let call = &agent.calls()[0];
+    let traceparent: Vec<&str> = call.header("traceparent").unwrap_or_default().split('-').collect();
+    assert_eq!((traceparent[1], traceparent[2]), (trace.as_str(), step.span_id.as_str()));
+    assert_eq!(
+        call.header("baggage"),
+        Some(format!("request_id={}", printed["request_id"].as_str().unwrap()).as_str())
+    );
+    drop(discovery);
+}

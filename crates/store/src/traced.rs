@@ -1,6 +1,8 @@
 //! Store calls as child spans of the request that made them: the backend,
-//! the operation and how many rows came back. `ping` is left out: health
-//! checks call it on a timer and are not traced.
+//! the operation and how many rows came back. A call made outside any span
+//! (health pings, background reloads, the executor's batched event writes,
+//! which serve many requests at once) makes no span: a trace of its own per
+//! timer tick or batch would bury the requests.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +27,9 @@ pub(crate) async fn in_span<T>(
     call: impl Future<Output = StoreResult<T>>,
     rows: impl FnOnce(&T) -> usize,
 ) -> StoreResult<T> {
+    if tracing::Span::current().is_none() {
+        return call.await;
+    }
     // The semantic conventions' name for PostgreSQL.
     let system = if backend == "postgres" { "postgresql" } else { backend };
     let span = tracing::debug_span!(
