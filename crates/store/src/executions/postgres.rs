@@ -154,19 +154,31 @@ impl ExecutionStore for PostgresExecutions {
         let steps: Vec<Option<i64>> = batch.iter().map(|a| a.steps).collect();
         let finished: Vec<Option<i64>> = batch.iter().map(|a| a.finished_at_ms).collect();
         let errors: Vec<Option<&str>> = batch.iter().map(|a| a.error.as_deref()).collect();
-        let mut tx = self.pool.begin().await?;
-        // The fence: only executions still ours, unfinished, whose log ends
-        // right before this batch. The row locks it takes keep a claimer out
-        // until the batch commits.
+        let rows: Vec<(&str, &EventRow)> =
+            batch.iter().flat_map(|a| a.events.iter().map(move |e| (a.execution_id.as_str(), e))).collect();
+        // One statement, so one round trip and one implicit transaction: the
+        // fence (only executions still ours, unfinished, whose log ends right
+        // before this batch; its row locks keep a claimer out until commit),
+        // the events of the executions it kept, and a notification for each.
         let kept: Vec<String> = sqlx::query_scalar(
-            "UPDATE agentmesh_executions e SET last_sequence = v.last_seq, status = COALESCE(v.status, e.status), \
-             steps = COALESCE(v.steps, e.steps), finished_at_ms = COALESCE(v.finished_at_ms, e.finished_at_ms), \
-             error = COALESCE(v.error, e.error), updated_at_ms = $8 \
-             FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::text[]) \
-               AS v(id, first_seq, last_seq, status, steps, finished_at_ms, error) \
-             WHERE e.id = v.id AND e.owner = $9 AND e.last_sequence = v.first_seq - 1 \
-               AND e.status IN ('pending', 'running') \
-             RETURNING e.id",
+            "WITH v AS ( \
+               SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::text[]) \
+                 AS v(id, first_seq, last_seq, status, steps, finished_at_ms, error) \
+             ), kept AS ( \
+               UPDATE agentmesh_executions e SET last_sequence = v.last_seq, status = COALESCE(v.status, e.status), \
+                 steps = COALESCE(v.steps, e.steps), finished_at_ms = COALESCE(v.finished_at_ms, e.finished_at_ms), \
+                 error = COALESCE(v.error, e.error), updated_at_ms = $8 \
+               FROM v WHERE e.id = v.id AND e.owner = $9 AND e.last_sequence = v.first_seq - 1 \
+                 AND e.status IN ('pending', 'running') \
+               RETURNING e.id, v.last_seq \
+             ), inserted AS ( \
+               INSERT INTO agentmesh_execution_events (execution_id, sequence, kind, step_id, attempt, payload, occurred_at_ms) \
+               SELECT x.* FROM UNNEST($10::text[], $11::bigint[], $12::text[], $13::text[], $14::bigint[], $15::text[], $16::bigint[]) \
+                 AS x(execution_id, sequence, kind, step_id, attempt, payload, occurred_at_ms) \
+               WHERE x.execution_id IN (SELECT id FROM kept) \
+             ) \
+             SELECT kept.id FROM kept, LATERAL (SELECT pg_notify($17, json_build_object( \
+               'kind', 'appended', 'id', kept.id, 'last_sequence', kept.last_seq)::text)) AS notified",
         )
         .bind(&ids)
         .bind(&first)
@@ -177,24 +189,16 @@ impl ExecutionStore for PostgresExecutions {
         .bind(&errors)
         .bind(now_ms)
         .bind(owner)
-        .fetch_all(&mut *tx)
+        .bind(rows.iter().map(|(id, _)| *id).collect::<Vec<&str>>())
+        .bind(rows.iter().map(|(_, e)| e.sequence).collect::<Vec<i64>>())
+        .bind(rows.iter().map(|(_, e)| e.kind.as_str()).collect::<Vec<&str>>())
+        .bind(rows.iter().map(|(_, e)| e.step_id.as_str()).collect::<Vec<&str>>())
+        .bind(rows.iter().map(|(_, e)| e.attempt).collect::<Vec<i64>>())
+        .bind(rows.iter().map(|(_, e)| e.payload.as_str()).collect::<Vec<&str>>())
+        .bind(rows.iter().map(|(_, e)| e.occurred_at_ms).collect::<Vec<i64>>())
+        .bind(EXECUTIONS_CHANNEL)
+        .fetch_all(&self.pool)
         .await?;
-        let rows: Vec<(&str, &EventRow)> = batch
-            .iter()
-            .filter(|a| kept.contains(&a.execution_id))
-            .flat_map(|a| a.events.iter().map(move |e| (a.execution_id.as_str(), e)))
-            .collect();
-        insert_events(&mut tx, &rows).await?;
-        let notices: Vec<ExecutionNotice> = batch
-            .iter()
-            .filter(|a| kept.contains(&a.execution_id))
-            .map(|a| ExecutionNotice::Appended {
-                id: a.execution_id.clone(),
-                last_sequence: a.events.last().map_or(0, |e| e.sequence),
-            })
-            .collect();
-        notify(&mut tx, &notices).await?;
-        tx.commit().await?;
         Ok(batch.iter().filter(|a| !kept.contains(&a.execution_id)).map(|a| a.execution_id.clone()).collect())
     }
 

@@ -1,0 +1,333 @@
+//! Executor benchmark: how fast plans run when every event is stored, on
+//! SQLite or PostgreSQL, against a no-op HTTP agent on loopback. Three
+//! processes share the machine: this driver (the gRPC client), the no-op
+//! agent, and the mesh (discovery and the executor).
+//!
+//! `cargo run --release -p agentmesh-bench --bin executor-bench`
+
+/// mimalloc, as in the agentmesh binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use agentmesh_bench::{Latencies, print_table, rss_mib};
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio_stream::StreamExt;
+
+#[derive(Parser)]
+struct Args {
+    /// Event stores: `sqlite` (a fresh file) and/or a `postgres://…` server URL
+    /// (a fresh database is created on it and dropped after).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres://postgres@127.0.0.1:5432/postgres")]
+    stores: Vec<String>,
+    /// Steps of the fan-out plan (all independent).
+    #[arg(long, default_value_t = 1000)]
+    fanout: usize,
+    /// Steps running at once in the fan-out (the execution's max_concurrency).
+    #[arg(long, default_value_t = 256)]
+    fanout_concurrency: u32,
+    /// Steps of the chain plan (each depends on the one before).
+    #[arg(long, default_value_t = 100)]
+    chain: usize,
+    /// Executions run at once in the concurrent scenario.
+    #[arg(long, default_value_t = 100)]
+    concurrent: usize,
+    /// Steps of each concurrent execution (a chain).
+    #[arg(long, default_value_t = 10)]
+    concurrent_steps: usize,
+    /// Runs of each scenario (after one unmeasured warm-up run).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Internal: the no-op agent; prints its port.
+    Agent,
+    /// Internal: discovery and the executor on one store; prints both ports.
+    Mesh {
+        #[arg(long)]
+        database_url: String,
+    },
+}
+
+/// The no-op agent: `POST /skills/noop` answers `{"ok":true}`.
+async fn agent() -> anyhow::Result<()> {
+    let listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    println!("PORT {}", listener.local_addr()?.port());
+    let app =
+        axum::Router::new().route("/skills/noop", axum::routing::post(|| async { axum::Json(json!({"ok": true})) }));
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+async fn mesh(database_url: String) -> anyhow::Result<()> {
+    let telemetry = agentmesh_telemetry::init(
+        "agentmesh-bench",
+        &agentmesh_telemetry::TelemetryConfig { log_filter: Some("warn".into()), ..Default::default() },
+    )?;
+    let discovery_listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let executor_listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let discovery_url = format!("http://{}", discovery_listener.local_addr()?);
+    println!("PORTS {} {}", discovery_listener.local_addr()?.port(), executor_listener.local_addr()?.port());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let discovery = agentmesh_discovery::serve_with_listener(
+        agentmesh_discovery::DiscoveryConfig { database_url: database_url.clone(), ..Default::default() },
+        discovery_listener,
+        until(),
+    );
+    let executor = agentmesh_executor::serve_with_listener(
+        agentmesh_executor::ExecutorConfig {
+            database_url,
+            discovery_url,
+            max_concurrent_steps: 1024,
+            max_concurrent_executions: 10_000,
+            ..Default::default()
+        },
+        executor_listener,
+        until(),
+    );
+    let stdin = async move {
+        let mut sink = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+        let _ = stop.send(true);
+        Ok::<(), anyhow::Error>(())
+    };
+    tokio::try_join!(discovery, executor, stdin)?;
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+/// A child process of this binary that prints a line starting with `prefix`.
+async fn child(args: &[&str], prefix: &str) -> anyhow::Result<(tokio::process::Child, Vec<u16>)> {
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).await?;
+    let ports = line
+        .trim()
+        .strip_prefix(prefix)
+        .with_context(|| format!("child printed `{line}`"))?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<u16>, _>>()?;
+    Ok((child, ports))
+}
+
+fn plan(steps: usize, chained: bool) -> pb::Plan {
+    pb::Plan {
+        reasoning: String::new(),
+        steps: (1..=steps)
+            .map(|i| pb::PlanStep {
+                step_id: format!("s{i}"),
+                agent: "noop-agent".into(),
+                capability: "noop".into(),
+                instruction: String::new(),
+                parameters: Some(prost_types::Struct::default()),
+                depends_on: if chained && i > 1 { vec![format!("s{}", i - 1)] } else { Vec::new() },
+            })
+            .collect(),
+    }
+}
+
+/// Runs one execution to its end; returns its wall time.
+async fn execute(
+    client: &mut ExecutorServiceClient<tonic::transport::Channel>,
+    plan: pb::Plan,
+    concurrency: u32,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut events = client
+        .execute(pb::ExecuteRequest {
+            plan: Some(plan),
+            options: Some(pb::ExecutionOptions {
+                max_concurrency: concurrency,
+                max_retries: Some(0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        last = event?.event;
+    }
+    let last = last.context("no events")?;
+    anyhow::ensure!(
+        last.kind == pb::ExecutionEventKind::ExecutionCompleted as i32,
+        "execution ended with {:?}: {}",
+        pb::ExecutionEventKind::try_from(last.kind),
+        last.error
+    );
+    Ok(started.elapsed())
+}
+
+/// A fresh PostgreSQL database on the server `admin_url` names.
+async fn fresh_postgres(admin_url: &str) -> anyhow::Result<(String, String)> {
+    use sqlx::Connection;
+    let name = format!("agentmesh_bench_{}_{:08x}", std::process::id(), rand::random::<u32>());
+    let mut conn = sqlx::PgConnection::connect(admin_url).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut conn).await?;
+    Ok((agentmesh_testkit::replace_database(admin_url, &name), name))
+}
+
+async fn drop_postgres(admin_url: &str, name: &str) {
+    use sqlx::Connection;
+    if let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+            .execute(&mut conn)
+            .await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    match args.command {
+        Some(Command::Agent) => return agent().await,
+        Some(Command::Mesh { database_url }) => return mesh(database_url).await,
+        None => {}
+    }
+    let (_agent, agent_port) = child(&["agent"], "PORT ").await?;
+    let agent_url = format!("http://127.0.0.1:{}", agent_port[0]);
+    let mut rows = Vec::new();
+    for store in &args.stores {
+        let (database_url, cleanup) = if store == "sqlite" {
+            let path = std::env::temp_dir().join(format!("agentmesh-executor-bench-{}.db", std::process::id()));
+            (format!("sqlite://{}", path.display()), None)
+        } else {
+            let (url, name) = fresh_postgres(store).await?;
+            (url, Some(name))
+        };
+        let backend = if store == "sqlite" { "SQLite" } else { "PostgreSQL" };
+        let (mut mesh, ports) = child(&["mesh", "--database-url", &database_url], "PORTS ").await?;
+        let pid = mesh.id().context("mesh pid")?;
+        let (discovery, executor) =
+            (format!("http://127.0.0.1:{}", ports[0]), format!("http://127.0.0.1:{}", ports[1]));
+        let registration = json!({"id": "noop-agent", "base_url": agent_url, "skills": [{"id": "noop", "description": "Does nothing"}]});
+        agentmesh_telemetry::http::client_builder()
+            .build()?
+            .post(format!("{discovery}/api/v1/agents"))
+            .json(&registration)
+            .send()
+            .await?
+            .error_for_status()?;
+        let channel = tonic::transport::Endpoint::from_shared(executor)?.tcp_nodelay(true).connect().await?;
+        let client = ExecutorServiceClient::new(channel).max_decoding_message_size(64 << 20);
+
+        let scenarios: [(&str, usize, bool, u32); 2] =
+            [("fan-out", args.fanout, false, args.fanout_concurrency), ("chain", args.chain, true, 1)];
+        for (name, steps, chained, concurrency) in scenarios {
+            let mut walls = Vec::new();
+            for run in 0..=args.runs {
+                let wall = execute(&mut client.clone(), plan(steps, chained), concurrency).await?;
+                if run > 0 {
+                    walls.push(wall);
+                }
+            }
+            walls.sort();
+            let median = walls[walls.len() / 2];
+            let per_step_us = median.as_secs_f64() * 1e6 / steps as f64;
+            let row = vec![
+                backend.to_owned(),
+                format!("{name}, {steps} steps"),
+                if chained { "1".into() } else { concurrency.to_string() },
+                format!("{:.1}", median.as_secs_f64() * 1000.0),
+                format!("{:.0}", steps as f64 / median.as_secs_f64()),
+                format!("{per_step_us:.0}"),
+                walls.iter().map(|w| format!("{:.0}", w.as_secs_f64() * 1000.0)).collect::<Vec<_>>().join(" / "),
+            ];
+            eprintln!("{}", row.join(" | "));
+            rows.push(row);
+        }
+
+        // Many executions at once, each a chain.
+        for run in 0..=args.runs {
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..args.concurrent {
+                let mut client = client.clone();
+                let plan = plan(args.concurrent_steps, true);
+                tasks.push(tokio::spawn(async move { execute(&mut client, plan, 1).await }));
+            }
+            let mut latencies = Latencies::default();
+            for task in tasks {
+                latencies.record(task.await??);
+            }
+            let wall = started.elapsed();
+            if run == 0 {
+                continue;
+            }
+            let steps = args.concurrent * args.concurrent_steps;
+            let row = vec![
+                backend.to_owned(),
+                format!("{} executions × {}-step chain, at once (run {run})", args.concurrent, args.concurrent_steps),
+                args.concurrent.to_string(),
+                format!("{:.1}", wall.as_secs_f64() * 1000.0),
+                format!("{:.0}", steps as f64 / wall.as_secs_f64()),
+                format!("{:.0}", wall.as_secs_f64() * 1e6 / steps as f64),
+                format!("p50 {:.0} / p99 {:.0}", latencies.percentile_ms(50.0), latencies.percentile_ms(99.0)),
+            ];
+            eprintln!("{}", row.join(" | "));
+            rows.push(row);
+        }
+        let metrics = agentmesh_telemetry::http::client_builder()
+            .build()?
+            .get(format!("http://127.0.0.1:{}/metrics", ports[1]))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let sample = |name: &str| {
+            metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(f64::NAN)
+        };
+        let batches = sample("agentmesh_executor_event_write_seconds_count");
+        eprintln!(
+            "{backend}: {batches:.0} event batches, {:.0} µs per batch write, {:.1} events per batch",
+            sample("agentmesh_executor_event_write_seconds_sum") * 1e6 / batches,
+            sample("agentmesh_executor_event_batch_size_sum") / batches
+        );
+        let (rss, peak) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
+        eprintln!("{backend}: mesh RSS {rss:.1} MiB, peak {peak:.1} MiB");
+        drop(mesh.stdin.take());
+        let _ = tokio::time::timeout(Duration::from_secs(10), mesh.wait()).await;
+        let _ = mesh.kill().await;
+        match cleanup {
+            Some(name) => drop_postgres(store, &name).await,
+            None => {
+                let path = database_url.trim_start_matches("sqlite://");
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
+                }
+            }
+        }
+    }
+    println!();
+    print_table(
+        &["events stored in", "scenario", "concurrency", "wall ms (median)", "steps/s", "µs per step", "each run, ms"],
+        &rows,
+    );
+    Ok(())
+}
