@@ -61,7 +61,10 @@ impl SqliteStore {
 }
 
 pub(crate) async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
-    let mut tx = pool.begin().await?;
+    // Take the write lock up front: two stores opening one file at once
+    // (`agentmesh up` opens it for discovery and the executor) would
+    // otherwise both read, then fail to upgrade to writing.
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *tx).await?;
     let applied: Vec<i64> =
         sqlx::query_scalar("SELECT version FROM agentmesh_schema_migrations").fetch_all(&mut *tx).await?;
