@@ -254,3 +254,58 @@ mod postgres {
         super::a_second_replica_takes_over_and_any_replica_can_be_watched(agentmesh_testkit::Backend::Postgres).await;
     }
 }
+
+/// Runs the `agentmesh` binary; returns its exit status, stdout and stderr.
+async fn cli(args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(EXE).args(args).output().await.unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_runs_plans_and_lists_inspects_follows_and_cancels_executions() {
+    let Some((db, discovery, _agent, otlp)) = setup(Backend::Sqlite).await else { return };
+    let executor = executor(&discovery.url(), &db.url, &otlp.endpoint()).await;
+    let url = executor.url();
+    let plan = std::env::temp_dir().join(format!("agentmesh-cli-plan-{}.json", std::process::id()));
+    std::fs::write(
+        &plan,
+        json!({"reasoning": "", "steps": [
+            {"step_id": "s1", "agent": "worker", "capability": "fast", "instruction": "", "parameters": {"x": 1}, "depends_on": []},
+            {"step_id": "s2", "agent": "time-tool-v1", "capability": "now", "instruction": "", "parameters": {}, "depends_on": ["s1"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) =
+        cli(&["run", plan.to_str().unwrap(), "--executor", &url, "--execution-id", "exe-cli"]).await;
+    let _ = std::fs::remove_file(&plan);
+    assert!(!ok, "a failed execution fails the command");
+    let printed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (printed["status"].as_str(), printed["outputs"]["s1"].clone()),
+        (Some("failed"), json!({"echo": {"x": 1}}))
+    );
+    assert!(stderr.contains("s2 failed: agent `time-tool-v1` is not registered"), "{stderr}");
+    assert!(stderr.contains("execution failed"), "{stderr}");
+
+    let (ok, listed, _) = cli(&["executions", "list", "--executor", &url, "--status", "failed"]).await;
+    assert!(ok && listed.lines().nth(1).is_some_and(|l| l.starts_with("exe-cli") && l.contains("failed")), "{listed}");
+    let (ok, got, _) = cli(&["executions", "get", "exe-cli", "--executor", &url]).await;
+    let got: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert!(ok);
+    assert_eq!((got["status"].as_str(), got["steps"][0]["status"].as_str()), (Some("failed"), Some("succeeded")));
+    let (ok, _, followed) = cli(&["executions", "watch", "exe-cli", "--executor", &url, "--after", "3"]).await;
+    assert!(ok);
+    assert!(
+        !followed.contains("#3 ") && followed.contains("#4 ") && followed.contains("execution failed"),
+        "{followed}"
+    );
+    let (ok, cancelled, _) = cli(&["executions", "cancel", "exe-cli", "--executor", &url]).await;
+    assert!(ok);
+    assert_eq!(cancelled.trim(), "exe-cli failed", "a finished execution stays as it was");
+    let (ok, _, missing) = cli(&["executions", "get", "exe-nope", "--executor", &url]).await;
+    assert!(!ok && missing.contains("NotFound"), "{missing}");
+}

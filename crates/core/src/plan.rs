@@ -459,34 +459,44 @@ fn structure_errors(steps: &[PlanStep]) -> Vec<PlanError> {
 
 /// Steps left over by a topological sort (a cycle and what hangs on it),
 /// ignoring self-dependencies and unknown ones (reported separately).
+/// Kahn's algorithm: linear in steps and dependencies, so that a plan of
+/// thousands of steps is checked at once.
 fn cycle(steps: &[PlanStep]) -> Option<Vec<String>> {
-    let ids: HashSet<&str> = steps.iter().map(|s| s.step_id.as_str()).collect();
-    let mut pending: HashMap<&str, HashSet<&str>> = steps
-        .iter()
-        .map(|s| {
-            let deps = s.depends_on.iter().map(String::as_str).filter(|d| *d != s.step_id && ids.contains(d)).collect();
-            (s.step_id.as_str(), deps)
-        })
-        .collect();
-    loop {
-        let ready: Vec<&str> = pending.iter().filter(|(_, deps)| deps.is_empty()).map(|(id, _)| *id).collect();
-        if ready.is_empty() {
-            break;
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.step_id.as_str(), i)).collect();
+    let mut waiting = vec![0usize; steps.len()];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        let mut deps: Vec<usize> = step
+            .depends_on
+            .iter()
+            .filter(|d| **d != step.step_id)
+            .filter_map(|d| index.get(d.as_str()).copied())
+            .collect();
+        deps.sort_unstable();
+        deps.dedup();
+        waiting[i] = deps.len();
+        for d in deps {
+            dependents[d].push(i);
         }
-        for id in &ready {
-            pending.remove(id);
-        }
-        for deps in pending.values_mut() {
-            for id in &ready {
-                deps.remove(id);
+    }
+    let mut ready: Vec<usize> = (0..steps.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut done = 0;
+    while let Some(i) = ready.pop() {
+        done += 1;
+        for &d in &dependents[i] {
+            waiting[d] -= 1;
+            if waiting[d] == 0 {
+                ready.push(d);
             }
         }
     }
-    if pending.is_empty() {
+    if done == steps.len() {
         return None;
     }
-    let mut left: Vec<String> = pending.keys().map(|s| (*s).to_owned()).collect();
+    let mut left: Vec<String> =
+        steps.iter().enumerate().filter(|(i, _)| waiting[*i] > 0).map(|(_, s)| s.step_id.clone()).collect();
     left.sort();
+    left.dedup();
     Some(left)
 }
 

@@ -93,8 +93,9 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-/// Wraps a service's routes (gRPC and HTTP alike) in the shared stack,
-/// outermost first:
+/// A service's port: its HTTP routes and its gRPC routes (with health and
+/// reflection, see [`crate::grpc::router`]) in the shared stack, with
+/// [`crate::grpc::not_found`] for every other path. Outermost first:
 ///
 /// 1. request ids (`x-request-id`: the client's when acceptable, else a new
 ///    one; echoed on the response);
@@ -103,12 +104,20 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// 3. a deadline: the configured timeout or the client's `grpc-timeout`,
 ///    whichever is shorter, answered with `DEADLINE_EXCEEDED` or a `503`;
 /// 4. a cap on concurrent requests (further requests wait for a slot);
-/// 5. a body limit, answered with `RESOURCE_EXHAUSTED` or a `413` in the
-///    REST error shape.
-pub fn stack(app: Router, limits: &Limits) -> Router {
-    let app = app
-        .layer(RequestBodyLimitLayer::new(limits.max_request_bytes))
-        .layer(middleware::from_fn_with_state(limits.max_request_bytes, payload_too_large))
+/// 5. a body limit: on HTTP routes tower-http's, answered with a `413` in
+///    the REST error shape; on gRPC routes the services' own decoding
+///    limit (set it to `max_request_bytes`), answered with
+///    `RESOURCE_EXHAUSTED` and the setting to raise. (A byte limit on the
+///    body would cut a gRPC message mid-frame, before its length is read,
+///    and the client would get only `UNKNOWN`.)
+pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
+    let max = limits.max_request_bytes;
+    let http =
+        http.layer(RequestBodyLimitLayer::new(max)).layer(middleware::from_fn_with_state(max, payload_too_large));
+    let grpc = grpc.layer(middleware::from_fn_with_state(max, grpc_too_large));
+    let app = http
+        .merge(grpc)
+        .fallback(crate::grpc::not_found)
         .layer(GlobalConcurrencyLimitLayer::new(limits.max_concurrent_requests.max(1)))
         .layer(middleware::from_fn_with_state(limits.request_timeout, deadline));
     let app =
@@ -161,26 +170,42 @@ async fn deadline(State(timeout): State<Duration>, request: Request, next: Next)
     }
 }
 
-/// Gives the body limit's bare `413` the caller's protocol: a gRPC status,
-/// or the REST error body. A service's own `413` (already JSON) passes.
+/// The start of the message tonic gives a gRPC request over its size limit.
+const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+
+/// Gives the body limit's bare `413` the REST error body. A service's own
+/// `413` (already JSON) passes.
 async fn payload_too_large(State(limit): State<usize>, request: Request, next: Next) -> Response {
-    let grpc = is_grpc(request.headers());
     let request_id = request_id_of(request.headers()).unwrap_or_default();
     let response = next.run(request).await;
     let own_body = response
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("application/grpc"));
+        .is_some_and(|v| v.starts_with("application/json"));
     if response.status() != StatusCode::PAYLOAD_TOO_LARGE || own_body {
         return response;
     }
     let message = format!("request body exceeds the limit of {limit} bytes");
-    if grpc {
-        return tonic::Status::resource_exhausted(message).into_http();
-    }
     let body = error_body("payload_too_large", &message, Some(json!({"limit_bytes": limit})), &request_id);
     (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(body)).into_response()
+}
+
+/// A gRPC message over a service's decoding limit: tonic says
+/// `OUT_OF_RANGE`; gRPC's convention is `RESOURCE_EXHAUSTED`, and the
+/// caller is told which setting to raise.
+async fn grpc_too_large(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let too_large = tonic::Status::from_header_map(response.headers())
+        .is_some_and(|s| s.code() == tonic::Code::OutOfRange && s.message().starts_with(TONIC_TOO_LARGE));
+    if !too_large {
+        return response;
+    }
+    tonic::Status::resource_exhausted(format!(
+        "the request is larger than this service accepts ({limit} bytes); send a smaller one, or raise the service's \
+         max_request_bytes"
+    ))
+    .into_http()
 }
 
 #[cfg(test)]

@@ -166,8 +166,7 @@ async fn router(
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .route_service(encoded::PATH, encoded::ListCapabilitiesRoute(discovery));
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
-    let app = rest.merge(grpc).fallback(agentmesh_server::grpc::not_found);
-    Ok(agentmesh_server::stack(app, &config.limits()))
+    Ok(agentmesh_server::stack(rest, grpc, &config.limits()))
 }
 
 async fn mirror_store_health(

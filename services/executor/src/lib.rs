@@ -261,9 +261,7 @@ pub async fn serve_with_listener(
     let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;
     let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());
-    let app =
-        agentmesh_server::probes::router(render, readiness).merge(grpc).fallback(agentmesh_server::grpc::not_found);
-    let app = agentmesh_server::stack(app, &config.limits());
+    let app = agentmesh_server::stack(agentmesh_server::probes::router(render, readiness), grpc, &config.limits());
     tracing::info!(
         addr = %listener.local_addr()?,
         backend = store.backend(),

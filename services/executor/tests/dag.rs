@@ -457,7 +457,36 @@ async fn executions_are_listed_newest_first_by_status_and_request(backend: Backe
     assert!(metrics.contains("agentmesh_executor_event_write_seconds_count"), "{metrics}");
 }
 
+async fn limits_refuse_with_the_setting_to_change(backend: Backend) {
+    let Some(mesh) = Mesh::start_with(backend, |c| {
+        c.max_concurrent_executions = 1;
+        c.max_request_bytes = 4096;
+    })
+    .await
+    else {
+        return;
+    };
+    let agent = FakeAgent::start(vec![("hang", Behavior::Hang)]).await.unwrap();
+    mesh.register(&agent.registration("h", &[("hang", None)])).await;
+    let mut client = mesh.client.clone();
+    let mut busy = request(plan(vec![step("s1", "h", "hang", json!({}), &[])]), options(0, 60_000));
+    busy.execution_id = "exe-busy".into();
+    let _running = client.execute(busy).await.unwrap().into_inner();
+    let second = mesh.run(plan(vec![step("s1", "h", "hang", json!({}), &[])]), options(0, 60_000)).await.unwrap_err();
+    assert_eq!(second.code(), tonic::Code::ResourceExhausted);
+    assert!(second.message().contains("max_concurrent_executions"), "{}", second.message());
+    let huge = plan(vec![step("s1", "h", "hang", json!({"text": "x".repeat(8192)}), &[])]);
+    let too_big = mesh.run(huge, options(0, 1_000)).await.unwrap_err();
+    assert_eq!(too_big.code(), tonic::Code::ResourceExhausted, "{too_big:?}");
+    assert!(too_big.message().contains("max_request_bytes"), "{}", too_big.message());
+    client
+        .cancel_execution(pb::CancelExecutionRequest { execution_id: "exe-busy".into(), reason: String::new() })
+        .await
+        .unwrap();
+}
+
 agentmesh_testkit::both_backends!(
+    limits_refuse_with_the_setting_to_change,
     independent_steps_overlap_and_dependents_wait,
     references_keep_their_type_or_become_text,
     retryable_failures_are_retried_with_one_idempotency_key,

@@ -229,9 +229,7 @@ pub async fn serve_with_listener(
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .layer(axum::middleware::from_fn_with_state(metrics.clone(), routes::observe_rpc));
     let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());
-    let app =
-        agentmesh_server::probes::router(render, readiness).merge(grpc).fallback(agentmesh_server::grpc::not_found);
-    let app = agentmesh_server::stack(app, &config.limits());
+    let app = agentmesh_server::stack(agentmesh_server::probes::router(render, readiness), grpc, &config.limits());
     tracing::info!(addr = %listener.local_addr()?, llm = %config.llm, "planner listening (gRPC and HTTP)");
     let result = agentmesh_server::serve("planner", listener, app, async move {
         shutdown.await;
