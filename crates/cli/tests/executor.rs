@@ -22,11 +22,15 @@ const EXE: &str = env!("CARGO_BIN_EXE_agentmesh");
 const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 
 async fn executor(discovery: &str, database: &str, otlp: &str) -> ServiceProcess {
+    executor_with_lease(discovery, database, otlp, "1").await
+}
+
+async fn executor_with_lease(discovery: &str, database: &str, otlp: &str, lease_secs: &str) -> ServiceProcess {
     ServiceProcess::spawn(
         Path::new(EXE),
         &["serve", "executor", "--listen", "127.0.0.1:0", "--discovery", discovery, "--database-url", database],
         &[
-            ("AGENTMESH_EXECUTOR__LEASE_SECS", "1"),
+            ("AGENTMESH_EXECUTOR__LEASE_SECS", lease_secs),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
@@ -236,6 +240,29 @@ async fn a_second_replica_takes_over_and_any_replica_can_be_watched(backend: Bac
     assert!(b.logs().iter().any(|l| l.contains("resuming execution")), "B took the execution over");
 }
 
+async fn a_stopping_executor_ends_its_streams_and_hands_its_executions_on(backend: Backend) {
+    let Some((db, discovery, agent, otlp)) = setup(backend).await else { return };
+    // A long lease: the next executor gets the execution at once only if it was handed back.
+    let mut first = executor_with_lease(&discovery.url(), &db.url, &otlp.endpoint(), "60").await;
+    let mut client = client(&first).await;
+    let mut stream =
+        Box::pin(client.execute(traced(chain_plan())).await.unwrap().into_inner().map(|r| r.map(|r| r.event.unwrap())));
+    let mut seen = read_until(&mut stream, started("s2")).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), first.terminate()).await;
+    assert!(stopped.expect("SIGTERM stops the executor despite an open stream").unwrap().success());
+    let ended = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap();
+    let status = ended.expect("the stream ends with a status").unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("from_sequence"), "{}", status.message());
+    let second = executor_with_lease(&discovery.url(), &db.url, &otlp.endpoint(), "60").await;
+    let mut client = self::client(&second).await;
+    let last = seen.last().unwrap().sequence;
+    let rest = tokio::time::timeout(Duration::from_secs(20), watch(&mut client, last)).await;
+    seen.extend(rest.expect("the execution resumed at once, not after its 60 s lease"));
+    assert_gapless(&seen);
+    assert_eq!(agent.calls().iter().filter(|c| c.body["step"] == "s1").count(), 1);
+}
+
 mod sqlite {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_killed_executor_resumes_its_executions_after_a_restart() {
@@ -247,6 +274,12 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_killed_executor_resumes_its_executions_after_a_restart() {
         super::a_killed_executor_resumes_its_executions_after_a_restart(agentmesh_testkit::Backend::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopping_executor_ends_its_streams_and_hands_its_executions_on() {
+        super::a_stopping_executor_ends_its_streams_and_hands_its_executions_on(agentmesh_testkit::Backend::Postgres)
+            .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

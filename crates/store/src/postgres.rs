@@ -32,19 +32,14 @@ impl Drop for PostgresStore {
 impl PostgresStore {
     /// Connects, runs migrations and starts listening for notifications.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        let pool =
-            PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?;
-        Self::from_pool(pool).await
+        Self::from_pool(pool(url).await?).await
     }
 
     /// Uses an existing pool; runs migrations and starts listening.
     pub async fn from_pool(pool: PgPool) -> StoreResult<Self> {
         migrate(&pool).await?;
         let (changes, _) = broadcast::channel(4096);
-        // Listen before returning so that no write after start-up is missed.
-        let mut listener = PgListener::connect_with(&pool).await?;
-        listener.listen(NOTIFY_CHANNEL).await?;
-        let listener = tokio::spawn(forward_notifications(listener, changes.clone()));
+        let listener = tokio::spawn(forward_notifications(listen(&pool, NOTIFY_CHANNEL).await?, changes.clone()));
         Ok(Self { pool, changes, listener })
     }
 
@@ -52,6 +47,27 @@ impl PostgresStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+}
+
+/// A pool of connections to the database a `postgres://` URL names.
+async fn pool(url: &str) -> StoreResult<PgPool> {
+    Ok(PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?)
+}
+
+/// A pool of connections to the database a `postgres://` URL names, with
+/// migrations run.
+pub(crate) async fn open(url: &str) -> StoreResult<PgPool> {
+    let pool = pool(url).await?;
+    migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// A listener on `channel`, listening before it is returned so that no
+/// notification sent after start-up is missed.
+pub(crate) async fn listen(pool: &PgPool, channel: &str) -> StoreResult<PgListener> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
 }
 
 pub(crate) async fn migrate(pool: &PgPool) -> StoreResult<()> {

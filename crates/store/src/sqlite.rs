@@ -30,22 +30,7 @@ impl SqliteStore {
     /// Opens (creating if missing) the database a `sqlite:` URL names and
     /// runs migrations. `sqlite::memory:` keeps everything in memory.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(if memory { SqliteJournalMode::Memory } else { SqliteJournalMode::Wal })
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
-        // An in-memory database exists per connection: keep exactly one.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { 4 })
-            .min_connections(if memory { 1 } else { 0 })
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await?;
-        migrate(&pool).await?;
+        let pool = open(url).await?;
         let (changes, _) = broadcast::channel(4096);
         Ok(Self { pool, changes, write_lock: tokio::sync::Mutex::new(()) })
     }
@@ -60,7 +45,29 @@ impl SqliteStore {
     }
 }
 
-pub(crate) async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
+/// Opens (creating if missing) the database a `sqlite:` URL names, in WAL
+/// mode, and runs migrations. `sqlite::memory:` keeps everything in memory.
+pub(crate) async fn open(url: &str) -> StoreResult<SqlitePool> {
+    let memory = url.contains(":memory:") || url.contains("mode=memory");
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(if memory { SqliteJournalMode::Memory } else { SqliteJournalMode::Wal })
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true);
+    // An in-memory database exists per connection: keep exactly one.
+    let pool = SqlitePoolOptions::new()
+        .max_connections(if memory { 1 } else { 4 })
+        .min_connections(if memory { 1 } else { 0 })
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_with(options)
+        .await?;
+    migrate(&pool).await?;
+    Ok(pool)
+}
+
+async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
     // Take the write lock up front: two stores opening one file at once
     // (`agentmesh up` opens it for discovery and the executor) would
     // otherwise both read, then fail to upgrade to writing.

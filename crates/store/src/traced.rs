@@ -180,6 +180,10 @@ impl ExecutionStore for TracedExecutions {
         self.0.release(owner, ids).await
     }
 
+    async fn release_all(&self, owner: &str) -> StoreResult<u64> {
+        self.0.release_all(owner).await
+    }
+
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>> {
         in_span(self.0.backend(), "request_cancel", self.0.request_cancel(id, reason), |r| usize::from(r.is_some()))
             .await

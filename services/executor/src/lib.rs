@@ -233,7 +233,7 @@ pub async fn serve_with_listener(
         stop: stop_rx.clone(),
     });
     catalog.spawn_watch(stop_rx.clone());
-    engine::ownership::spawn(&engine, stop_rx.clone());
+    let leases = engine::ownership::spawn(&engine, stop_rx.clone());
 
     let (health_reporter, health_service) = agentmesh_server::grpc::health();
     let interval = Duration::from_secs_f64(config.health_check_interval_secs);
@@ -273,8 +273,10 @@ pub async fn serve_with_listener(
         let _ = stop_tx.send(true);
     })
     .await?;
-    // Let the lease keeper hand the running executions on before exiting.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Let the lease keeper store what is queued and hand the executions on.
+    if tokio::time::timeout(Duration::from_secs(10), leases).await.is_err() {
+        tracing::warn!("executions were not handed on within 10 s; their leases expire on their own");
+    }
     tracing::info!("executor stopped");
     Ok(())
 }

@@ -182,6 +182,8 @@ pub trait ExecutionStore: Send + Sync + 'static {
     async fn renew(&self, owner: &str, lease_expires_at_ms: i64) -> StoreResult<Vec<String>>;
     /// Gives up `owner`'s leases on `ids`, so another replica may take them at once.
     async fn release(&self, owner: &str, ids: &[String]) -> StoreResult<()>;
+    /// Gives up every lease `owner` holds (it is stopping).
+    async fn release_all(&self, owner: &str) -> StoreResult<u64>;
     /// Records that a cancellation is asked for an unfinished execution and
     /// announces it; returns the execution as it stands (`None`: unknown).
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>>;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -32,12 +32,9 @@ impl Drop for PostgresExecutions {
 impl PostgresExecutions {
     /// Connects, runs migrations and starts listening for changes.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        let pool =
-            PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?;
-        crate::postgres::migrate(&pool).await?;
+        let pool = crate::postgres::open(url).await?;
         let (notices, _) = broadcast::channel(16_384);
-        let mut listener = PgListener::connect_with(&pool).await?;
-        listener.listen(EXECUTIONS_CHANNEL).await?;
+        let listener = crate::postgres::listen(&pool, EXECUTIONS_CHANNEL).await?;
         let listener = tokio::spawn(forward(listener, notices.clone()));
         Ok(Self { pool, notices, listener })
     }
@@ -285,6 +282,17 @@ impl ExecutionStore for PostgresExecutions {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn release_all(&self, owner: &str) -> StoreResult<u64> {
+        let released = sqlx::query(
+            "UPDATE agentmesh_executions SET owner = NULL, lease_expires_at_ms = NULL \
+             WHERE owner = $1 AND status IN ('pending', 'running')",
+        )
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(released.rows_affected())
     }
 
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>> {

@@ -1,11 +1,8 @@
 //! Executions in SQLite, the embedded default: one executor owns every
 //! execution in the file; changes are announced in-process.
 
-use std::str::FromStr;
-use std::time::Duration;
-
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::SqlitePool;
 use sqlx::{QueryBuilder, Sqlite};
 use tokio::sync::broadcast;
 
@@ -26,21 +23,7 @@ pub struct SqliteExecutions {
 impl SqliteExecutions {
     /// Opens (creating if missing) the database a `sqlite:` URL names and runs migrations.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(if memory { SqliteJournalMode::Memory } else { SqliteJournalMode::Wal })
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { 4 })
-            .min_connections(if memory { 1 } else { 0 })
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await?;
-        crate::sqlite::migrate(&pool).await?;
+        let pool = crate::sqlite::open(url).await?;
         let (notices, _) = broadcast::channel(16_384);
         Ok(Self { pool, notices, write_lock: tokio::sync::Mutex::new(()) })
     }
@@ -248,6 +231,18 @@ impl ExecutionStore for SqliteExecutions {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn release_all(&self, owner: &str) -> StoreResult<u64> {
+        let _writer = self.write_lock.lock().await;
+        let released = sqlx::query(
+            "UPDATE agentmesh_executions SET owner = NULL, lease_expires_at_ms = NULL \
+             WHERE owner = ? AND status IN ('pending', 'running')",
+        )
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(released.rows_affected())
     }
 
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>> {

@@ -64,6 +64,15 @@ impl Journal {
         Self { tx }
     }
 
+    /// Waits until everything queued before is stored (or refused).
+    pub async fn flush(&self) {
+        let (ack, stored) = oneshot::channel();
+        let marker = Entry { execution_id: Arc::from(""), events: Vec::new(), steps: None, ack: Some(ack) };
+        if self.tx.send(marker).await.is_ok() {
+            let _ = stored.await;
+        }
+    }
+
     /// Queues an entry; waits only when the writer is far behind.
     pub async fn append(&self, entry: Entry) {
         if self.tx.send(entry).await.is_err() {

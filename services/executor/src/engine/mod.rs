@@ -75,7 +75,7 @@ pub struct Engine {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) step_permits: Semaphore,
     running: Mutex<HashMap<String, Running>>,
-    stop: signal::Receiver<bool>,
+    pub(crate) stop: signal::Receiver<bool>,
 }
 
 /// What is needed to build an engine.
@@ -295,11 +295,6 @@ impl Engine {
                 self.metrics.running.dec();
             }
         }
-    }
-
-    /// The ids of executions this replica runs.
-    pub fn running_ids(&self) -> Vec<String> {
-        self.running().keys().cloned().collect()
     }
 
     /// Waits until an execution reaches a final state, or `timeout` passes.

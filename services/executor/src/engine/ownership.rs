@@ -14,11 +14,12 @@ use tokio::sync::{broadcast, watch};
 
 use super::Engine;
 
-/// Starts the lease keeper, the notification follower and the purger.
-pub fn spawn(engine: &Arc<Engine>, stop: watch::Receiver<bool>) {
-    tokio::spawn(keep_leases(engine.clone(), stop.clone()));
+/// Starts the lease keeper, the notification follower and the purger; the
+/// handle ends once the lease keeper has handed the executions on after `stop`.
+pub fn spawn(engine: &Arc<Engine>, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(follow_notices(engine.clone(), stop.clone()));
-    tokio::spawn(purge(engine.clone(), stop));
+    tokio::spawn(purge(engine.clone(), stop.clone()));
+    tokio::spawn(keep_leases(engine.clone(), stop))
 }
 
 async fn keep_leases(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
@@ -58,12 +59,13 @@ async fn keep_leases(engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
             Err(e) => tracing::warn!(error = %e, "could not claim executions"),
         }
     }
-    // Stopping: hand our executions to whoever comes next, at once.
-    let ids = engine.running_ids();
-    if !ids.is_empty()
-        && let Err(e) = engine.store.release(&engine.owner, &ids).await
-    {
-        tracing::warn!(error = %e, executions = ids.len(), "could not release leases; they expire on their own");
+    // Stopping: store what the runners produced, then hand their executions
+    // to whoever comes next, at once.
+    engine.journal.flush().await;
+    match engine.store.release_all(&engine.owner).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(executions = n, "handed unfinished executions on"),
+        Err(e) => tracing::warn!(error = %e, "could not release leases; they expire on their own"),
     }
 }
 

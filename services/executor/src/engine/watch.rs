@@ -47,6 +47,7 @@ async fn send(tx: &Sink, id: &str, event: &Event, last: &mut u64) -> Option<bool
 
 async fn follow(engine: Arc<Engine>, id: String, after: u64, tx: Sink) {
     let mut live = engine.hub.subscribe(&id);
+    let mut stop = engine.stop.clone();
     let mut last = after;
     let mut backfill = true;
     loop {
@@ -79,7 +80,20 @@ async fn follow(engine: Arc<Engine>, id: String, after: u64, tx: Sink) {
             }
             backfill = false;
         }
-        match tokio::time::timeout(RECHECK, live.recv()).await {
+        let next = tokio::select! {
+            next = tokio::time::timeout(RECHECK, live.recv()) => Some(next),
+            _ = stop.wait_for(|stopping| *stopping) => None,
+        };
+        let Some(next) = next else {
+            // Let the server stop: the client resumes on another replica or after the restart.
+            let message = format!(
+                "the executor is shutting down; the execution goes on: resume with \
+                 WatchExecution(execution_id = \"{id}\", from_sequence = {last})"
+            );
+            let _ = tx.send(Err(tonic::Status::unavailable(message))).await;
+            return;
+        };
+        match next {
             Ok(Ok(Live::Event(event))) if event.sequence == last + 1 => match send(&tx, &id, &event, &mut last).await {
                 Some(true) => {}
                 Some(false) | None => return,
