@@ -26,6 +26,10 @@ pub struct PlanArgs {
     /// Reasoning effort: minimal, low, medium or high.
     #[arg(long, value_parser = ["minimal", "low", "medium", "high"])]
     reasoning_effort: Option<String>,
+    /// Also plan over inactive agents (no recent heartbeat); active and
+    /// degraded agents are always offered.
+    #[arg(long)]
+    include_unhealthy: bool,
 }
 
 /// `agentmesh interactions` flags.
@@ -56,6 +60,7 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         query: args.query,
         caller_agent_ids: args.callers,
         allow: args.allow,
+        include_unhealthy: args.include_unhealthy,
         model: args.model.unwrap_or_default(),
         reasoning_effort: args
             .reasoning_effort

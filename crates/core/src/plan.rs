@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::agent::CapabilityKind;
+use crate::reference;
 use crate::schema::validate_instance;
 
 /// A plan: what the planning LLM must emit.
@@ -74,26 +75,7 @@ fn rename_in_value(value: &mut Value, renamed: &HashMap<String, String>) {
 }
 
 fn rename_in_text(text: &str, renamed: &HashMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(open) = rest.find("{{") {
-        let Some(close) = rest[open + 2..].find("}}") else { break };
-        let inner = &rest[open + 2..open + 2 + close];
-        out.push_str(&rest[..open + 2]);
-        let trimmed = inner.trim();
-        match trimmed.split_once('.') {
-            Some((step, path)) if path.split('.').next() == Some("output") && renamed.contains_key(step) => {
-                out.push_str(&renamed[step]);
-                out.push('.');
-                out.push_str(path);
-            }
-            _ => out.push_str(inner),
-        }
-        out.push_str("}}");
-        rest = &rest[open + 2 + close + 2..];
-    }
-    out.push_str(rest);
-    out
+    reference::rename_steps(text, |step| renamed.get(step).map(String::as_str))
 }
 
 /// Why an answer is not a plan at all.
@@ -230,6 +212,15 @@ pub enum PlanError {
         /// Each violation, `"<pointer>: <message>"`.
         errors: Vec<String>,
     },
+    /// Double-braced text that reads as a reference but is not one
+    /// (`{{foo}}`, `{{s1.outputs.x}}`): it would reach the agent as literal
+    /// text.
+    MalformedReference {
+        /// Step.
+        step: String,
+        /// The text as written.
+        text: String,
+    },
     /// A `{{step.output…}}` reference names a step outside `depends_on`.
     ReferenceOutsideDependencies {
         /// Step.
@@ -273,6 +264,11 @@ impl fmt::Display for PlanError {
             Self::InvalidParameters { step, errors } => {
                 write!(f, "step {step}: parameters do not match the input schema: {}", errors.join("; "))
             }
+            Self::MalformedReference { step, text } => write!(
+                f,
+                "step {step}: `{text}` is not a reference; write `{{{{<step_id>.output}}}}` or \
+                 `{{{{<step_id>.output.<field>}}}}` naming a step in depends_on, or put the value itself"
+            ),
             Self::ReferenceOutsideDependencies { step, reference } => {
                 write!(f, "step {step} uses `{{{{{reference}}}}}` but does not list that step in depends_on")
             }
@@ -280,36 +276,12 @@ impl fmt::Display for PlanError {
     }
 }
 
-/// A parameter reference `{{step.output.path}}`: the step id and the text.
-fn references(value: &Value, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::String(s) => {
-            let mut rest = s.as_str();
-            while let Some(open) = rest.find("{{") {
-                let Some(close) = rest[open + 2..].find("}}") else { break };
-                let inner = rest[open + 2..open + 2 + close].trim();
-                let mut parts = inner.splitn(3, '.');
-                if let (Some(step), Some("output")) = (parts.next(), parts.next()) {
-                    out.push((step.to_owned(), inner.to_owned()));
-                }
-                rest = &rest[open + 2 + close + 2..];
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|v| references(v, out)),
-        Value::Object(map) => map.values().for_each(|v| references(v, out)),
-        _ => {}
-    }
-}
-
 /// Pointers of values that are exactly one reference (their type is known
 /// only at run time, so the schema cannot check them).
 fn exact_reference_pointers(value: &Value, pointer: String, out: &mut Vec<String>) {
     match value {
-        Value::String(s) => {
-            let t = s.trim();
-            if t.starts_with("{{") && t.ends_with("}}") && t.matches("{{").count() == 1 {
-                out.push(if pointer.is_empty() { "/".into() } else { pointer });
-            }
+        Value::String(s) if reference::is_whole_reference(s) => {
+            out.push(if pointer.is_empty() { "/".into() } else { pointer });
         }
         Value::Array(items) => {
             for (i, v) in items.iter().enumerate() {
@@ -443,12 +415,15 @@ fn structure_errors(steps: &[PlanStep]) -> Vec<PlanError> {
                 errors.push(PlanError::UnknownDependency { step: id.clone(), dependency: dep.clone() });
             }
         }
-        let mut refs = Vec::new();
-        references(&step.parameters, &mut refs);
-        for (target, reference) in refs {
-            if !step.depends_on.contains(&target) {
+        for found in reference::references_in(&step.parameters) {
+            if !step.depends_on.contains(&found.step) {
+                let reference = found.to_string();
+                let reference = reference[2..reference.len() - 2].to_owned();
                 errors.push(PlanError::ReferenceOutsideDependencies { step: id.clone(), reference });
             }
+        }
+        for text in reference::malformed_in(&step.parameters) {
+            errors.push(PlanError::MalformedReference { step: id.clone(), text });
         }
     }
     if let Some(cycle) = cycle(steps) {
@@ -500,43 +475,251 @@ fn cycle(steps: &[PlanStep]) -> Option<Vec<String>> {
     Some(left)
 }
 
-/// The schema sent with a planning call: every step is one of the allowed
-/// `(agent, capability)` pairs, with that capability's own input schema as
-/// its `parameters`, so a constrained model cannot name anything else.
-pub fn plan_schema(allowed: &[AllowedCapability]) -> Value {
-    let id = serde_json::json!({"type": "string", "pattern": "^s[0-9]{1,3}$"});
-    let branches: Vec<Value> = allowed
-        .iter()
-        .map(|a| {
-            serde_json::json!({
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["step_id", "agent", "capability", "instruction", "parameters", "depends_on"],
-                "properties": {
-                    "step_id": id,
-                    "agent": {"type": "string", "const": a.agent},
-                    "capability": {"type": "string", "const": a.capability},
-                    "instruction": {"type": "string", "maxLength": 200},
-                    "parameters": a.input_schema.clone().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-                    "depends_on": {"type": "array", "items": id, "maxItems": 10},
-                }
+/// How large a plan the planning schema admits, so that any answer that
+/// fits it also fits the token budget derived from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanBounds {
+    /// Most steps.
+    pub max_steps: usize,
+    /// Longest `instruction`, in characters.
+    pub instruction_chars: usize,
+    /// Longest `reasoning`, in characters.
+    pub reasoning_chars: usize,
+    /// Longest string parameter whose schema sets no bound of its own.
+    pub parameter_chars: usize,
+}
+
+impl Default for PlanBounds {
+    fn default() -> Self {
+        Self { max_steps: 6, instruction_chars: 120, reasoning_chars: 160, parameter_chars: 120 }
+    }
+}
+
+impl PlanBounds {
+    /// Tighter bounds, for a retry after an answer was cut off: half the
+    /// steps and text.
+    pub fn tighter(self) -> Self {
+        Self {
+            max_steps: (self.max_steps / 2).max(1),
+            instruction_chars: (self.instruction_chars / 2).max(20),
+            reasoning_chars: (self.reasoning_chars / 2).max(20),
+            parameter_chars: (self.parameter_chars / 2).max(20),
+        }
+    }
+
+    /// Tokens enough for the longest answer the schema admits over
+    /// `allowed`: every character counted as a token for text (the worst
+    /// case of a byte-level tokenizer on unusual text is worse, but models
+    /// do not write such instructions), plus the JSON around it.
+    pub fn max_tokens(&self, allowed: &[AllowedCapability]) -> u32 {
+        let largest_step = allowed
+            .iter()
+            .map(|a| {
+                let parameters = a.input_schema.as_ref().map_or(2, |s| schema_size(s, self.parameter_chars, 0));
+                a.agent.len() + a.capability.len() + parameters
             })
+            .max()
+            .unwrap_or(0);
+        // Keys, quotes, brackets and a few dependencies per step.
+        let per_step = 90 + self.max_steps * 6 + self.instruction_chars + largest_step;
+        let total = 40 + self.reasoning_chars + self.max_steps * per_step;
+        u32::try_from(total / 2 + 64).unwrap_or(u32::MAX)
+    }
+}
+
+/// The longest text (in characters) a value fitting `schema` takes, with
+/// unbounded strings counted at `string_chars` and unbounded collections at
+/// a few items: an estimate for [`PlanBounds::max_tokens`].
+fn schema_size(schema: &Value, string_chars: usize, depth: usize) -> usize {
+    if depth > 8 {
+        return 16;
+    }
+    let branches = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array);
+    if let Some(branches) = branches {
+        return branches.iter().map(|b| schema_size(b, string_chars, depth + 1)).max().unwrap_or(16);
+    }
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        return values.iter().map(|v| v.to_string().len()).max().unwrap_or(2);
+    }
+    if let Some(value) = schema.get("const") {
+        return value.to_string().len();
+    }
+    let properties = schema.get("properties").and_then(Value::as_object);
+    match schema.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            schema.get("maxLength").and_then(Value::as_u64).map_or(string_chars, |n| n as usize).min(4 * string_chars)
+                + 2
+        }
+        Some("integer" | "number") => 12,
+        Some("boolean") => 5,
+        Some("null") => 4,
+        Some("array") => {
+            let items = schema.get("items").map_or(16, |i| schema_size(i, string_chars, depth + 1));
+            let count = schema.get("maxItems").and_then(Value::as_u64).map_or(4, |n| (n as usize).min(8));
+            2 + count * (items + 1)
+        }
+        _ => match properties {
+            Some(properties) => {
+                2 + properties.iter().map(|(k, v)| k.len() + 4 + schema_size(v, string_chars, depth + 1)).sum::<usize>()
+            }
+            None => 16,
+        },
+    }
+}
+
+/// The id of the step at 0-based `position`: `s1`, `s2`, …
+pub fn step_id_at(position: usize) -> String {
+    format!("s{}", position + 1)
+}
+
+/// `schema` with every string that has no bound of its own bounded to
+/// `chars` (and not empty), so that generation under a grammar ends.
+/// (Validation uses the capability's own schema.)
+fn bounded(schema: &Value, chars: usize) -> Value {
+    match schema {
+        Value::Object(map) => {
+            let mut out: Map<String, Value> =
+                map.iter().map(|(k, v)| (k.clone(), bounded_child(k, v, chars))).collect();
+            let is_string = map.get("type").and_then(Value::as_str) == Some("string");
+            let free = ["maxLength", "enum", "const", "pattern", "format"].iter().all(|k| !map.contains_key(*k));
+            if is_string && free {
+                out.insert("maxLength".into(), Value::from(chars));
+                // An empty value is what a small model writes when unsure.
+                out.entry("minLength").or_insert(Value::from(1));
+            }
+            Value::Object(out)
+        }
+        other => other.clone(),
+    }
+}
+
+fn bounded_child(key: &str, value: &Value, chars: usize) -> Value {
+    match (key, value) {
+        ("properties" | "$defs" | "definitions" | "patternProperties", Value::Object(map)) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), bounded(v, chars))).collect())
+        }
+        ("items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains", v) => bounded(v, chars),
+        ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(items)) => {
+            Value::Array(items.iter().map(|v| bounded(v, chars)).collect())
+        }
+        (_, v) => v.clone(),
+    }
+}
+
+/// An array that must be empty. (`items` is given because llama.cpp's
+/// converter turns an array schema without it into "any JSON array".)
+fn empty_array() -> Value {
+    serde_json::json!({"type": "array", "items": {"type": "string"}, "maxItems": 0})
+}
+
+/// A whole-value reference to the output of one of `earlier` steps.
+fn reference_schema(earlier: &[String]) -> Value {
+    serde_json::json!({
+        "type": "string",
+        // Brackets rather than backslash escapes: llama.cpp's grammar parser
+        // refuses `\.` in the grammar its converter writes.
+        "pattern": format!("^[{{][{{]({})[.]output([.][A-Za-z0-9_]{{1,32}}){{0,3}}[}}][}}]$", earlier.join("|")),
+    })
+}
+
+/// A capability's parameters for the step at `position`: its input schema,
+/// strings bounded, and each top-level property that is not a string also
+/// allowed to be a whole reference to an earlier step.
+fn step_parameters(capability: &AllowedCapability, earlier: &[String], bounds: &PlanBounds) -> Value {
+    let Some(schema) = &capability.input_schema else {
+        // Nothing says what it takes: an empty object, so generation ends;
+        // the instruction carries the request.
+        return serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false});
+    };
+    let mut schema = bounded(schema, bounds.parameter_chars);
+    if earlier.is_empty() {
+        return schema;
+    }
+    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for property in properties.values_mut() {
+            let is_string = property.get("type").and_then(Value::as_str) == Some("string");
+            if !is_string && property.is_object() {
+                *property = serde_json::json!({"anyOf": [property.take(), reference_schema(earlier)]});
+            }
+        }
+    }
+    schema
+}
+
+/// The schema sent with a planning call. Its shape makes a plan that does
+/// not hold together impossible to write under a grammar (llama.cpp and
+/// servers built on it enforce all of it):
+///
+/// - `steps` is one of the tuples `[]`, `[step 1]`, `[step 1, step 2]`, …
+///   up to `bounds.max_steps` (`prefixItems`: the form llama.cpp's
+///   JSON-Schema-to-grammar enforces; it ignores `minItems`/`maxItems`
+///   beside `prefixItems`);
+/// - the step at position `i` has the id `s<i>` (`const`) and depends only
+///   on the ids of earlier steps (`enum`), so self-dependencies, unknown
+///   dependencies, duplicate ids and cycles cannot be written;
+/// - every step is one of the allowed `(agent, capability)` pairs (`const`),
+///   with that capability's input schema as its parameters, a non-string
+///   parameter also admitting a whole reference `{{sK.output…}}` to an
+///   earlier step;
+/// - free text is bounded, so [`PlanBounds::max_tokens`] fits any answer.
+///
+/// What a grammar cannot express (a reference inside a string naming a
+/// step outside `depends_on`) is left to [`validate_plan`], as is
+/// everything for providers that enforce less.
+pub fn plan_schema(allowed: &[AllowedCapability], bounds: &PlanBounds) -> Value {
+    let max_steps = if allowed.is_empty() { 0 } else { bounds.max_steps };
+    let mut defs = Map::new();
+    for position in 0..max_steps {
+        let earlier: Vec<String> = (0..position).map(step_id_at).collect();
+        let depends_on = if earlier.is_empty() {
+            empty_array()
+        } else {
+            serde_json::json!({"type": "array", "items": {"type": "string", "enum": earlier}, "maxItems": position})
+        };
+        let branches: Vec<Value> = allowed
+            .iter()
+            .map(|a| {
+                // Properties in the order a model writes them (grammars keep
+                // it): the tool, then its parameters while the request is
+                // fresh, then dependencies and the instruction.
+                serde_json::json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["step_id", "agent", "capability", "parameters", "depends_on", "instruction"],
+                    "properties": {
+                        "step_id": {"type": "string", "const": step_id_at(position)},
+                        "agent": {"type": "string", "const": a.agent},
+                        "capability": {"type": "string", "const": a.capability},
+                        "parameters": step_parameters(a, &earlier, bounds),
+                        "depends_on": depends_on,
+                        "instruction": {"type": "string", "maxLength": bounds.instruction_chars},
+                    }
+                })
+            })
+            .collect();
+        defs.insert(format!("step{}", position + 1), serde_json::json!({"anyOf": branches}));
+    }
+    let tuples: Vec<Value> = (0..=max_steps)
+        .map(|len| {
+            if len == 0 {
+                return empty_array();
+            }
+            let items: Vec<Value> =
+                (0..len).map(|i| serde_json::json!({"$ref": format!("#/$defs/step{}", i + 1)})).collect();
+            serde_json::json!({"type": "array", "prefixItems": items, "items": false, "minItems": len, "maxItems": len})
         })
         .collect();
-    let step = if branches.is_empty() {
-        serde_json::json!({"type": "object"})
-    } else {
-        serde_json::json!({"anyOf": branches})
-    };
-    let max_items = if allowed.is_empty() { 0 } else { 20 };
+    // The steps first: a small model that writes its reasoning first talks
+    // itself out of the plan.
     serde_json::json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["reasoning", "steps"],
+        "required": ["steps", "reasoning"],
         "properties": {
-            "reasoning": {"type": "string", "maxLength": 300},
-            "steps": {"type": "array", "items": step, "maxItems": max_items}
-        }
+            "steps": {"anyOf": tuples},
+            "reasoning": {"type": "string", "minLength": 1, "maxLength": bounds.reasoning_chars},
+        },
+        "$defs": defs,
     })
 }
 
@@ -702,6 +885,29 @@ mod tests {
     }
 
     #[test]
+    fn text_that_reads_as_a_reference_but_is_not_one_is_rejected() {
+        let s1 = step("s1", "weather-tool-v2", "get_current_weather", json!({"location": "Chicago"}), &[]);
+        for bad in ["{{foo}}", "{{s1.outputs.x}}", "{{s1.output.}}"] {
+            let s2 =
+                step("s2", "calculation-agent", "evaluate", json!({"expression": "1+1", "precision": bad}), &["s1"]);
+            let result =
+                validate_plan(&Plan { reasoning: String::new(), steps: vec![s1.clone(), s2] }, &[weather(), math()]);
+            let errors = result.expect_err(bad);
+            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            assert!(text.iter().any(|e| e.contains(&format!("`{bad}` is not a reference"))), "{text:?}");
+        }
+        let s2 = step("s2", "calculation-agent", "evaluate", json!({"expression": "x {{foo}}"}), &["s1"]);
+        assert!(
+            validate_plan(&Plan { reasoning: String::new(), steps: vec![s1.clone(), s2] }, &[weather(), math()])
+                .is_err()
+        );
+        let literal = step("s2", "calculation-agent", "evaluate", json!({"expression": "{{ a | b }}"}), &["s1"]);
+        assert!(
+            validate_plan(&Plan { reasoning: String::new(), steps: vec![s1, literal] }, &[weather(), math()]).is_ok()
+        );
+    }
+
+    #[test]
     fn zero_steps_is_a_valid_plan() {
         let plan = parse_plan(r#"{"reasoning": "nothing available tells the time", "steps": []}"#).unwrap();
         assert_eq!(validate_plan(&plan, &[weather()]).unwrap().reasoning, "nothing available tells the time");
@@ -733,17 +939,78 @@ mod tests {
         }
     }
 
+    fn schema_errors(schema: &Value, plan: Value) -> Vec<String> {
+        validate_instance(schema, &plan)
+    }
+
+    fn w(id: &str, deps: &[&str]) -> Value {
+        json!({"step_id": id, "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i",
+            "parameters": {"location": "Chicago"}, "depends_on": deps})
+    }
+
     #[test]
     fn the_constrained_schema_admits_only_allowed_pairs_with_their_parameters() {
-        let schema = plan_schema(&[weather(), math()]);
-        let good = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {"location": "Chicago"}, "depends_on": []}]});
-        assert!(validate_instance(&schema, &good).is_empty(), "{:?}", validate_instance(&schema, &good));
+        let schema = plan_schema(&[weather(), math()], &PlanBounds::default());
+        let good = json!({"reasoning": "r", "steps": [w("s1", &[])]});
+        assert!(schema_errors(&schema, good.clone()).is_empty(), "{:?}", schema_errors(&schema, good.clone()));
         let invented = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "time-tool-v1", "capability": "get_current_weather", "instruction": "i", "parameters": {"location": "x"}, "depends_on": []}]});
-        assert!(!validate_instance(&schema, &invented).is_empty());
+        assert!(!schema_errors(&schema, invented).is_empty());
         let wrong_params = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {"expression": "x"}, "depends_on": []}]});
-        assert!(!validate_instance(&schema, &wrong_params).is_empty());
-        let empty = plan_schema(&[]);
-        assert!(validate_instance(&empty, &json!({"reasoning": "nothing fits", "steps": []})).is_empty());
-        assert!(!validate_instance(&empty, &good).is_empty(), "no capability: only zero steps fit");
+        assert!(!schema_errors(&schema, wrong_params).is_empty());
+        let empty = plan_schema(&[], &PlanBounds::default());
+        assert!(schema_errors(&empty, json!({"reasoning": "nothing fits", "steps": []})).is_empty());
+        assert!(!schema_errors(&empty, good).is_empty(), "no capability: only zero steps fit");
+    }
+
+    #[test]
+    fn the_constrained_schema_makes_broken_graphs_unwritable() {
+        let schema = plan_schema(&[weather(), math()], &PlanBounds { max_steps: 3, ..PlanBounds::default() });
+        let plan = |steps: Vec<Value>| json!({"reasoning": "r", "steps": steps});
+        assert!(schema_errors(&schema, plan(vec![w("s1", &[]), w("s2", &["s1"]), w("s3", &["s1", "s2"])])).is_empty());
+        for (what, steps) in [
+            ("self-dependency", vec![w("s1", &["s1"])]),
+            ("forward dependency", vec![w("s1", &["s2"]), w("s2", &[])]),
+            ("unknown dependency", vec![w("s1", &[]), w("s2", &["s9"])]),
+            ("duplicate id", vec![w("s1", &[]), w("s1", &[])]),
+            ("ids out of order", vec![w("s2", &[]), w("s1", &[])]),
+            ("too many steps", vec![w("s1", &[]), w("s2", &[]), w("s3", &[]), w("s4", &[])]),
+        ] {
+            assert!(!schema_errors(&schema, plan(steps)).is_empty(), "{what} fits the schema");
+        }
+        let long = "x".repeat(PlanBounds::default().instruction_chars + 1);
+        let mut step = w("s1", &[]);
+        step["instruction"] = json!(long);
+        assert!(!schema_errors(&schema, plan(vec![step])).is_empty(), "instructions are bounded");
+        assert!(!schema_errors(&schema, json!({"reasoning": "", "steps": []})).is_empty(), "zero steps say why");
+    }
+
+    #[test]
+    fn non_string_parameters_take_whole_references_to_earlier_steps_only() {
+        let schema = plan_schema(&[weather(), math()], &PlanBounds::default());
+        let calc = |precision: &str, deps: &[&str]| {
+            json!({"step_id": "s2", "agent": "calculation-agent", "capability": "evaluate", "instruction": "i",
+                "parameters": {"expression": "{{s1.output.temp}} * 2", "precision": precision}, "depends_on": deps})
+        };
+        let plan = |step: Value| json!({"reasoning": "r", "steps": [w("s1", &[]), step]});
+        assert!(schema_errors(&schema, plan(calc("{{s1.output.digits}}", &["s1"]))).is_empty());
+        assert!(!schema_errors(&schema, plan(calc("{{s2.output.digits}}", &["s1"]))).is_empty(), "not itself");
+        assert!(!schema_errors(&schema, plan(calc("{{foo}}", &["s1"]))).is_empty(), "not a malformed one");
+        let first = json!({"reasoning": "r", "steps": [{"step_id": "s1", "agent": "calculation-agent",
+            "capability": "evaluate", "instruction": "i", "parameters": {"expression": "1", "precision": "{{s1.output}}"},
+            "depends_on": []}]});
+        assert!(!schema_errors(&schema, first).is_empty(), "the first step has nothing to refer to");
+        // llama.cpp's grammar parser refuses the backslash escapes a converted
+        // pattern would carry.
+        assert!(!schema.to_string().contains('\\'), "no backslash in the schema");
+    }
+
+    #[test]
+    fn the_token_budget_grows_with_the_bounds() {
+        let allowed = [weather(), math()];
+        let default = PlanBounds::default();
+        let budget = default.max_tokens(&allowed);
+        assert!(budget > 400 && budget < 4096, "{budget}");
+        assert!(default.tighter().max_tokens(&allowed) < budget);
+        assert!(PlanBounds { max_steps: 1, ..default }.max_tokens(&allowed) < budget);
     }
 }

@@ -35,8 +35,21 @@ impl fmt::Display for Reference {
 pub enum Piece<'a> {
     /// Literal text.
     Text(&'a str),
-    /// A reference.
-    Ref(Reference),
+    /// A reference, and its text as written (braces included).
+    Ref(Reference, &'a str),
+}
+
+/// True when the inside of `{{…}}` reads as an attempt at a reference: no
+/// spaces inside, starting with a name (`foo`, `s1.outputs.x`, `s1[0]`).
+/// Such text that is not a valid reference is an error in a plan, where
+/// double braces are reserved for references; other braces (`{{ a | b }}`)
+/// are literal text.
+fn looks_like_reference(inner: &str) -> bool {
+    let inner = inner.trim();
+    let name_end = inner.find(['.', '[']).unwrap_or(inner.len());
+    name_end > 0
+        && !inner.contains(char::is_whitespace)
+        && inner[..name_end].chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Parses the inside of `{{…}}`; `None` when it is not a step output reference.
@@ -88,7 +101,7 @@ pub fn parse(text: &str) -> Vec<Piece<'_>> {
             if offset + open > literal_start {
                 pieces.push(Piece::Text(&text[literal_start..offset + open]));
             }
-            pieces.push(Piece::Ref(reference));
+            pieces.push(Piece::Ref(reference, &text[offset + open..offset + end]));
             literal_start = offset + end;
         }
         offset += end;
@@ -103,18 +116,67 @@ pub fn parse(text: &str) -> Vec<Piece<'_>> {
 /// Every reference in a JSON value (strings at any depth).
 pub fn references_in(value: &Value) -> Vec<Reference> {
     let mut out = Vec::new();
-    collect(value, &mut out);
+    each_string(value, &mut |s| {
+        out.extend(parse(s).into_iter().filter_map(|p| match p {
+            Piece::Ref(r, _) => Some(r),
+            Piece::Text(_) => None,
+        }));
+    });
     out
 }
 
-fn collect(value: &Value, out: &mut Vec<Reference>) {
+/// Double-braced text in a JSON value's strings that reads as a reference
+/// but is not one (`{{foo}}`, `{{s1.outputs.x}}`, `{{s1.output.}}`), as
+/// written.
+pub fn malformed_in(value: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    each_string(value, &mut |s| {
+        for piece in parse(s) {
+            let Piece::Text(text) = piece else { continue };
+            let mut rest = text;
+            while let Some(open) = rest.find("{{") {
+                let Some(close) = rest[open + 2..].find("}}") else { break };
+                let inner = &rest[open + 2..open + 2 + close];
+                if looks_like_reference(inner) {
+                    out.push(rest[open..open + 2 + close + 2].to_owned());
+                }
+                rest = &rest[open + 2 + close + 2..];
+            }
+        }
+    });
+    out
+}
+
+/// True when `text` is exactly one reference (it becomes the referenced
+/// value, type kept, so a schema cannot check it before the run).
+pub fn is_whole_reference(text: &str) -> bool {
+    matches!(parse(text).as_slice(), [Piece::Ref(..)])
+}
+
+/// `text` with the step of each reference renamed by `rename` (`None`: kept).
+/// Everything else, references to other steps included, stays as written.
+pub fn rename_steps<'n>(text: &str, rename: impl Fn(&str) -> Option<&'n str>) -> String {
+    let mut out = String::with_capacity(text.len());
+    for piece in parse(text) {
+        match piece {
+            Piece::Ref(mut reference, raw) => match rename(&reference.step) {
+                Some(new) => {
+                    new.clone_into(&mut reference.step);
+                    out.push_str(&reference.to_string());
+                }
+                None => out.push_str(raw),
+            },
+            Piece::Text(t) => out.push_str(t),
+        }
+    }
+    out
+}
+
+fn each_string(value: &Value, f: &mut impl FnMut(&str)) {
     match value {
-        Value::String(s) => out.extend(parse(s).into_iter().filter_map(|p| match p {
-            Piece::Ref(r) => Some(r),
-            Piece::Text(_) => None,
-        })),
-        Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
-        Value::Object(map) => map.values().for_each(|v| collect(v, out)),
+        Value::String(s) => f(s),
+        Value::Array(items) => items.iter().for_each(|v| each_string(v, f)),
+        Value::Object(map) => map.values().for_each(|v| each_string(v, f)),
         _ => {}
     }
 }
@@ -179,7 +241,7 @@ pub fn resolve_text<'v>(text: &str, outputs: &impl Fn(&str) -> Option<&'v Value>
     for piece in parse(text) {
         match piece {
             Piece::Text(t) => out.push_str(t),
-            Piece::Ref(r) => match lookup(&r, outputs)? {
+            Piece::Ref(r, _) => match lookup(&r, outputs)? {
                 Value::String(s) => out.push_str(s),
                 other => out.push_str(&other.to_string()),
             },
@@ -196,8 +258,8 @@ pub fn resolve<'v>(value: &Value, outputs: &impl Fn(&str) -> Option<&'v Value>) 
         Value::String(s) => {
             let pieces = parse(s);
             match pieces.as_slice() {
-                [Piece::Ref(r)] => lookup(r, outputs)?.clone(),
-                _ if pieces.iter().any(|p| matches!(p, Piece::Ref(_))) => Value::String(resolve_text(s, outputs)?),
+                [Piece::Ref(r, _)] => lookup(r, outputs)?.clone(),
+                _ if pieces.iter().any(|p| matches!(p, Piece::Ref(..))) => Value::String(resolve_text(s, outputs)?),
                 _ => value.clone(),
             }
         }
@@ -241,6 +303,27 @@ mod tests {
         for text in ["{{foo}}", "{{s1.outputs.x}}", "{{s1.output_x}}", "{{ }}", "a {{ b", "{{s1.output.}}"] {
             assert_eq!(resolve(&json!(text), &outputs).ok(), Some(json!(text)), "{text}");
         }
+    }
+
+    #[test]
+    fn attempts_at_references_that_are_not_ones_are_found() {
+        let found = malformed_in(&json!({
+            "a": "{{foo}} and {{s1.outputs.x}}",
+            "b": ["{{s1.output.}}", "{{s1.output.ok}}", "{{ a | upper }}", "{{ }}", "{{s1[0]}}"],
+            "c": 5,
+        }));
+        assert_eq!(found, ["{{foo}}", "{{s1.outputs.x}}", "{{s1.output.}}", "{{s1[0]}}"]);
+        assert!(malformed_in(&json!("{{s1.output}} costs {{ s2.output.price }}")).is_empty());
+    }
+
+    #[test]
+    fn whole_references_and_renaming_keep_what_is_written() {
+        assert!(is_whole_reference("{{ s1.output.x }}"));
+        assert!(!is_whole_reference(" {{s1.output}}"));
+        assert!(!is_whole_reference("{{foo}}"));
+        let renamed =
+            rename_steps("{{ s1.output.items[0] }} + {{s2.output.items[0]}} {{s1}}", |s| (s == "s1").then_some("s9"));
+        assert_eq!(renamed, "{{s9.output.items.0}} + {{s2.output.items[0]}} {{s1}}");
     }
 
     #[test]

@@ -28,8 +28,8 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Tokens to generate when the request sets no limit (the API requires one).
 const DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// Settings of the Anthropic provider.
-#[derive(Debug, Clone)]
+/// Settings of the Anthropic provider (`Debug` never shows the key).
+#[derive(Clone)]
 pub struct AnthropicConfig {
     /// Base URL, up to and without `/v1/messages`.
     pub base_url: String,
@@ -39,6 +39,17 @@ pub struct AnthropicConfig {
     pub api_key: Option<String>,
     /// Timeouts, retries, extra CA.
     pub http: HttpSettings,
+}
+
+impl std::fmt::Debug for AnthropicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnthropicConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
+            .field("http", &self.http)
+            .finish()
+    }
 }
 
 impl AnthropicConfig {
@@ -161,9 +172,14 @@ impl Anthropic {
             structured_mode: structured.then_some(StructuredMode::Tool),
             usage: answer.usage,
             latency: started.elapsed(),
+            truncated: answer.stop_reason.as_deref() == Some("max_tokens"),
         })
     }
 }
+
+/// Content blocks read from one streamed answer (an answer holds a few:
+/// thinking, text, tool use).
+const MAX_BLOCKS: usize = 256;
 
 /// What has been read of an answer, whole or streamed.
 #[derive(Default)]
@@ -212,7 +228,12 @@ impl Answer {
                 self.usage.completion_tokens = count(&data["message"]["usage"]["output_tokens"]);
             }
             "content_block_start" => {
-                let index = data["index"].as_u64().unwrap_or_default() as usize;
+                let index = data["index"].as_u64().unwrap_or_default();
+                let index = usize::try_from(index).ok().filter(|i| *i < MAX_BLOCKS).ok_or_else(|| {
+                    LlmError::InvalidResponse(format!(
+                        "the stream names content block index {index}; at most {MAX_BLOCKS} are read"
+                    ))
+                })?;
                 if self.blocks.len() <= index {
                     self.blocks.resize(index + 1, String::new());
                 }
@@ -269,6 +290,19 @@ impl Answer {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Reads `events` as a stream and each as a whole message (property tests).
+#[cfg(test)]
+pub(crate) fn read_all(events: &[Value]) {
+    for structured in [true, false] {
+        let mut answer = Answer::default();
+        for data in events {
+            let event = SseEvent { event: None, data: data.to_string() };
+            let _ = answer.read_event(&event, structured, &mut |_| {});
+            let _ = Answer::default().read_message(data);
+        }
     }
 }
 

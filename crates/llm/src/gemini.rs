@@ -7,7 +7,9 @@
 //!   `responseMimeType: application/json`. That field takes the OpenAPI
 //!   subset of JSON Schema, so [`response_schema`] translates: `const`
 //!   becomes a one-value `enum`, `oneOf` becomes `anyOf`, nullable types
-//!   become `nullable`, and keywords Gemini does not know are dropped
+//!   become `nullable`, `$ref`s to `$defs` are inlined, a tuple
+//!   (`prefixItems`) becomes an array of exactly that many items, each any
+//!   of the tuple's schemas, and keywords Gemini does not know are dropped
 //!   (validation after parsing still checks them).
 //! - Reasoning effort becomes `thinkingConfig`: a `thinkingLevel` for Gemini
 //!   3 models, a `thinkingBudget` for the 2.5 family.
@@ -24,8 +26,8 @@ use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffor
 /// Default base URL of the Gemini API.
 pub const GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com";
 
-/// Settings of the Gemini provider.
-#[derive(Debug, Clone)]
+/// Settings of the Gemini provider (`Debug` never shows the key).
+#[derive(Clone)]
 pub struct GeminiConfig {
     /// Base URL, up to and without `/v1beta/models/…`.
     pub base_url: String,
@@ -35,6 +37,17 @@ pub struct GeminiConfig {
     pub api_key: Option<String>,
     /// Timeouts, retries, extra CA.
     pub http: HttpSettings,
+}
+
+impl std::fmt::Debug for GeminiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GeminiConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
+            .field("http", &self.http)
+            .finish()
+    }
 }
 
 impl GeminiConfig {
@@ -83,7 +96,22 @@ const KEPT: [&str; 13] = [
 
 /// Translates a JSON Schema into the OpenAPI subset `responseSchema` takes.
 pub fn response_schema(schema: &Value) -> Value {
+    translate(schema, schema.get("$defs").and_then(Value::as_object), 0)
+}
+
+/// Deepest `$ref` chain inlined (a recursive schema stops there).
+const MAX_DEPTH: usize = 32;
+
+fn translate(schema: &Value, defs: Option<&Map<String, Value>>, depth: usize) -> Value {
     let Some(object) = schema.as_object() else { return json!({}) };
+    if depth > MAX_DEPTH {
+        return json!({});
+    }
+    if let Some(target) = object.get("$ref").and_then(Value::as_str) {
+        let found = target.strip_prefix("#/$defs/").and_then(|name| defs.and_then(|d| d.get(name)));
+        return found.map_or_else(|| json!({}), |s| translate(s, defs, depth + 1));
+    }
+    let response_schema = |s: &Value| translate(s, defs, depth + 1);
     let mut out = Map::new();
     match object.get("type") {
         Some(Value::String(t)) => {
@@ -135,7 +163,14 @@ pub fn response_schema(schema: &Value) -> Value {
             out.insert("required".into(), required.clone());
         }
     }
-    if let Some(items) = object.get("items") {
+    if let Some(tuple) = object.get("prefixItems").and_then(Value::as_array) {
+        out.insert("type".into(), json!("ARRAY"));
+        out.insert("minItems".into(), json!(tuple.len()));
+        out.insert("maxItems".into(), json!(tuple.len()));
+        if !tuple.is_empty() {
+            out.insert("items".into(), json!({"anyOf": tuple.iter().map(response_schema).collect::<Vec<_>>()}));
+        }
+    } else if let Some(items) = object.get("items").filter(|i| i.is_object()) {
         out.entry("type").or_insert(json!("ARRAY"));
         out.insert("items".into(), response_schema(items));
     }
@@ -241,6 +276,7 @@ impl Gemini {
             structured_mode: request.response_schema.is_some().then_some(StructuredMode::JsonSchema),
             usage: answer.usage,
             latency: started.elapsed(),
+            truncated: answer.finish_reason.as_deref() == Some("MAX_TOKENS"),
         })
     }
 }
@@ -292,6 +328,16 @@ impl Answer {
             };
         }
         Ok(())
+    }
+}
+
+/// Reads `events` as the chunks of one stream (property tests).
+#[cfg(test)]
+pub(crate) fn read_all(events: &[Value]) {
+    let mut answer = Answer::default();
+    for data in events {
+        let _ = answer.read(data, &mut |_| {});
+        let _ = response_schema(data);
     }
 }
 
@@ -354,6 +400,28 @@ mod tests {
                 }
             })
         );
+    }
+
+    #[test]
+    fn references_are_inlined_and_tuples_become_bounded_arrays() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"steps": {"anyOf": [
+                {"type": "array", "items": {"type": "string"}, "maxItems": 0},
+                {"type": "array", "prefixItems": [{"$ref": "#/$defs/step1"}, {"$ref": "#/$defs/step2"}], "items": false}
+            ]}},
+            "$defs": {"step1": {"type": "string", "const": "a"}, "step2": {"$ref": "#/$defs/missing"}}
+        });
+        assert_eq!(
+            response_schema(&schema)["properties"]["steps"]["anyOf"],
+            json!([
+                {"type": "ARRAY", "items": {"type": "STRING"}, "maxItems": 0},
+                {"type": "ARRAY", "minItems": 2, "maxItems": 2,
+                    "items": {"anyOf": [{"type": "STRING", "enum": ["a"]}, {}]}}
+            ])
+        );
+        let looping = json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}});
+        assert_eq!(response_schema(&looping), json!({}));
     }
 
     #[test]

@@ -19,11 +19,23 @@ pub struct HttpSettings {
     /// A PEM file of extra trusted root certificates (a private CA in front
     /// of a self-hosted model server), on top of the system's.
     pub ca_file: Option<PathBuf>,
+    /// Largest answer read from the server, whole or streamed; a larger one
+    /// is refused rather than held in memory.
+    pub max_response_bytes: usize,
 }
+
+/// Default of [`HttpSettings::max_response_bytes`]: far above any answer a
+/// planner asks for, far below what would hurt the process.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(60), retry: RetryPolicy::default(), ca_file: None }
+        Self {
+            timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            ca_file: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        }
     }
 }
 
@@ -56,6 +68,7 @@ const MODE_WORDS: [&str; 5] = ["response_format", "json_schema", "tool_choice", 
 pub(crate) struct Http {
     client: reqwest::Client,
     retry: RetryPolicy,
+    max_response_bytes: usize,
 }
 
 /// A request: where, with which headers, what body.
@@ -67,7 +80,7 @@ pub(crate) struct Post<'a> {
     pub mode_sensitive: bool,
 }
 
-pub use agentmesh_telemetry::http::{client_builder, install_tls_provider};
+pub use agentmesh_telemetry::http::{client_builder, install_tls_provider, parse_retry_after};
 
 impl Http {
     pub(crate) fn new(settings: &HttpSettings) -> Result<Self, LlmError> {
@@ -83,7 +96,7 @@ impl Http {
             builder = builder.tls_certs_merge(certs);
         }
         let client = builder.build().map_err(|e| LlmError::Config(format!("building the HTTP client: {e}")))?;
-        Ok(Self { client, retry: settings.retry })
+        Ok(Self { client, retry: settings.retry, max_response_bytes: settings.max_response_bytes })
     }
 
     async fn attempt(&self, post: &Post<'_>) -> Result<reqwest::Response, Failure> {
@@ -106,10 +119,9 @@ impl Http {
             .headers()
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
-        let text = response.text().await.unwrap_or_default();
+            .and_then(|v| parse_retry_after(v, chrono::Utc::now()));
+        // An error body matters only for its first lines.
+        let text = self.read_body(response, 64 * 1024).await.unwrap_or_default();
         let snippet: String = text.chars().take(2000).collect();
         let names_mode = MODE_WORDS.iter().any(|word| snippet.contains(word));
         Err(match status {
@@ -146,14 +158,25 @@ impl Http {
         }
     }
 
+    /// Reads a body of at most `limit` bytes (text, lossily decoded).
+    async fn read_body(&self, mut response: reqwest::Response, limit: usize) -> Result<String, Failure> {
+        let mut body = Vec::new();
+        while let Some(chunk) =
+            response.chunk().await.map_err(|e| Failure::Transient { message: error_chain(&e), retry_after: None })?
+        {
+            if body.len() + chunk.len() > limit {
+                return Err(Failure::Fatal(too_large(limit)));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// POSTs and reads a JSON answer, retrying transient failures.
     pub(crate) async fn post_json(&self, post: &Post<'_>) -> Result<Value, Failure> {
         self.with_retries(post.url, || async {
             let response = self.attempt(post).await?;
-            let text = response
-                .text()
-                .await
-                .map_err(|e| Failure::Transient { message: error_chain(&e), retry_after: None })?;
+            let text = self.read_body(response, self.max_response_bytes).await?;
             serde_json::from_str(&text)
                 .map_err(|e| Failure::Fatal(LlmError::InvalidResponse(format!("body is not JSON: {e}"))))
         })
@@ -176,6 +199,7 @@ impl Http {
             ))));
         }
         let mut parser = SseParser::default();
+        let mut read = 0usize;
         loop {
             let chunk = response.chunk().await.map_err(|e| {
                 Failure::Fatal(LlmError::Unavailable {
@@ -184,6 +208,10 @@ impl Http {
                 })
             })?;
             let Some(chunk) = chunk else { break };
+            read += chunk.len();
+            if read > self.max_response_bytes {
+                return Err(Failure::Fatal(too_large(self.max_response_bytes)));
+            }
             for event in parser.push(&chunk) {
                 on_event(event).map_err(Failure::Fatal)?;
             }
@@ -193,6 +221,13 @@ impl Http {
         }
         Ok(())
     }
+}
+
+fn too_large(limit: usize) -> LlmError {
+    LlmError::InvalidResponse(format!(
+        "the LLM server's answer is larger than max_response_bytes ({limit} bytes); \
+         raise it if such answers are expected"
+    ))
 }
 
 /// An error with its causes (reqwest's `Display` stops at the outermost).

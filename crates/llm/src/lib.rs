@@ -18,6 +18,8 @@
 //! system's roots, timeouts, retries with backoff and jitter).
 
 pub mod anthropic;
+#[cfg(test)]
+mod fuzz;
 pub mod gemini;
 mod http;
 pub mod models;
@@ -33,7 +35,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use http::{HttpSettings, client_builder, install_tls_provider};
+pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpSettings, client_builder, install_tls_provider};
 pub use retry::RetryPolicy;
 pub use traced::generate_traced;
 
@@ -224,6 +226,14 @@ pub struct Completion {
     pub usage: Usage,
     /// Wall time of the call, retries included.
     pub latency: Duration,
+    /// The model stopped at the token limit (`finish_reason: length`,
+    /// `stop_reason: max_tokens`, `MAX_TOKENS`): the answer is cut off.
+    pub truncated: bool,
+}
+
+/// `Debug` for a secret: whether it is set, never its value.
+pub(crate) fn redacted(secret: Option<&String>) -> &'static str {
+    if secret.is_some() { "Some(\"***\")" } else { "None" }
 }
 
 /// Why a completion failed.

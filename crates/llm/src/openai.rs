@@ -1,11 +1,16 @@
 //! OpenAI chat completions, and every server that speaks the same API.
 //!
 //! Servers take a schema in different ways; [`StructuredSetting::Auto`]
-//! tries them strongest first ([`StructuredMode::AUTO_ORDER`]) when a server
-//! rejects one, remembers what worked per base URL for the whole process,
-//! and logs the choice once.
+//! tries them strongest first ([`StructuredMode::AUTO_ORDER`]) and moves to
+//! the next when a server rejects one. What it learns is kept per base URL
+//! and model, for the whole process: a mode rejected for one schema is
+//! skipped for that schema only (a server may refuse a keyword in one schema
+//! and take the others); a mode the server has never accepted and has
+//! refused for two different schemas is taken as unsupported and skipped
+//! from then on. Each change is logged once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -22,8 +27,8 @@ use crate::{
 /// Default base URL of OpenAI's API.
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 
-/// Settings of an OpenAI-compatible provider.
-#[derive(Debug, Clone)]
+/// Settings of an OpenAI-compatible provider (`Debug` never shows the key).
+#[derive(Clone)]
 pub struct OpenAiConfig {
     /// Base URL, up to and without `/chat/completions`.
     pub base_url: String,
@@ -42,6 +47,20 @@ pub struct OpenAiConfig {
     pub http: HttpSettings,
 }
 
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
+            .field("structured", &self.structured)
+            .field("reasoning", &self.reasoning)
+            .field("family", &self.family)
+            .field("http", &self.http)
+            .finish()
+    }
+}
+
 impl OpenAiConfig {
     /// Settings for `model` at `base_url`, with the defaults.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
@@ -57,10 +76,45 @@ impl OpenAiConfig {
     }
 }
 
-/// What `auto` learned, per base URL, for this process.
-fn learned() -> &'static Mutex<HashMap<String, StructuredMode>> {
-    static LEARNED: OnceLock<Mutex<HashMap<String, StructuredMode>>> = OnceLock::new();
+/// What `auto` learned about one server and model.
+#[derive(Default)]
+struct Learned {
+    /// Modes the server accepted at least once.
+    accepted: HashSet<StructuredMode>,
+    /// Per mode, fingerprints of the schemas it was refused for.
+    refused: HashMap<StructuredMode, HashSet<u64>>,
+}
+
+/// Schemas remembered as refused, per mode, before the memory starts over.
+const MAX_REFUSED_SCHEMAS: usize = 1024;
+
+impl Learned {
+    /// A mode the server has never accepted and refused for two schemas.
+    fn unsupported(&self, mode: StructuredMode) -> bool {
+        !self.accepted.contains(&mode) && self.refused.get(&mode).is_some_and(|s| s.len() >= 2)
+    }
+
+    /// The strongest mode worth trying for any schema.
+    fn best(&self) -> StructuredMode {
+        StructuredMode::AUTO_ORDER.into_iter().find(|m| !self.unsupported(*m)).unwrap_or(StructuredMode::None)
+    }
+
+    /// Whether to skip `mode` for the schema with this fingerprint.
+    fn skip(&self, mode: StructuredMode, schema: u64) -> bool {
+        self.unsupported(mode) || self.refused.get(&mode).is_some_and(|s| s.contains(&schema))
+    }
+}
+
+/// What `auto` learned, per base URL and model, for this process.
+fn learned() -> &'static Mutex<HashMap<(String, String), Learned>> {
+    static LEARNED: OnceLock<Mutex<HashMap<(String, String), Learned>>> = OnceLock::new();
     LEARNED.get_or_init(Mutex::default)
+}
+
+fn fingerprint(schema: &Value) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    schema.to_string().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A provider for OpenAI's chat completions API and compatible servers.
@@ -155,6 +209,7 @@ impl OpenAiCompatible {
             structured_mode: mode,
             usage: Usage::default(),
             latency: started.elapsed(),
+            truncated: false,
         };
         match sink {
             None => {
@@ -180,28 +235,41 @@ impl OpenAiCompatible {
         if request.response_schema.is_none() {
             return self.call(request, None, &mut sink, started).await.map_err(|f| f.into_error(1));
         }
+        let schema = request.response_schema.as_ref().map(|s| fingerprint(&s.schema)).unwrap_or_default();
+        let model = models::choose(self.config.family, &self.config.model, request.model.as_deref());
+        let key = (self.config.base_url.clone(), model);
         let modes: Vec<StructuredMode> = match self.config.structured {
             StructuredSetting::Fixed(mode) => vec![mode],
             StructuredSetting::Auto => {
-                let first = self.structured_mode().unwrap_or(StructuredMode::JsonSchema);
-                StructuredMode::AUTO_ORDER.into_iter().skip_while(|m| *m != first).collect()
+                let learned = learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let known = learned.get(&key);
+                StructuredMode::AUTO_ORDER.into_iter().filter(|m| known.is_none_or(|l| !l.skip(*m, schema))).collect()
             }
         };
         let mut rejected = Vec::new();
         for mode in modes {
             match self.call(request, Some(mode), &mut sink, started).await {
                 Ok(completion) => {
-                    if self.config.structured == StructuredSetting::Auto
-                        && let Ok(mut learned) = learned().lock()
-                        && learned.insert(self.config.base_url.clone(), mode) != Some(mode)
-                    {
-                        tracing::info!(base_url = %self.config.base_url, mode = %mode, rejected = ?rejected, "structured output: using this mode for this server");
+                    if self.config.structured == StructuredSetting::Auto {
+                        let mut learned = learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if learned.entry(key.clone()).or_default().accepted.insert(mode) {
+                            tracing::info!(base_url = %key.0, model = %key.1, mode = %mode, rejected = ?rejected, "structured output: the server accepts this mode");
+                        }
                     }
                     return Ok(completion);
                 }
                 Err(Failure::ModeRejected { status, .. }) if self.config.structured == StructuredSetting::Auto => {
-                    tracing::debug!(mode = %mode, status, "server rejected the structured-output mode; trying the next");
+                    tracing::debug!(mode = %mode, status, "server rejected the structured-output mode for this schema; trying the next");
                     rejected.push(mode.as_str());
+                    let mut learned = learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let entry = learned.entry(key.clone()).or_default();
+                    let refused = entry.refused.entry(mode).or_default();
+                    if refused.len() >= MAX_REFUSED_SCHEMAS {
+                        refused.clear();
+                    }
+                    if refused.insert(schema) && refused.len() == 2 && entry.unsupported(mode) {
+                        tracing::info!(base_url = %key.0, model = %key.1, mode = %mode, "structured output: the server does not take this mode; skipping it from now on");
+                    }
                 }
                 Err(failure) => return Err(failure.into_error(1)),
             }
@@ -224,6 +292,7 @@ fn read(response: &Value, mode: Option<StructuredMode>, completion: &mut Complet
     .or_else(|| message["content"].as_str())
     .ok_or_else(|| LlmError::InvalidResponse(format!("no message content in {}", truncate(&response.to_string()))))?;
     completion.text = text.to_owned();
+    completion.truncated = response["choices"][0]["finish_reason"].as_str() == Some("length");
     read_usage(response, completion);
     Ok(())
 }
@@ -252,6 +321,9 @@ fn read_chunk(
             truncate(&error.to_string())
         )));
     }
+    if chunk["choices"][0]["finish_reason"].as_str() == Some("length") {
+        completion.truncated = true;
+    }
     let delta = &chunk["choices"][0]["delta"];
     let piece = delta["content"].as_str().or_else(|| delta["tool_calls"][0]["function"]["arguments"].as_str());
     if let Some(piece) = piece.filter(|p| !p.is_empty()) {
@@ -260,6 +332,28 @@ fn read_chunk(
     }
     read_usage(chunk, completion);
     Ok(())
+}
+
+/// Reads `events` as the chunks of one stream and each as a whole answer
+/// (property tests).
+#[cfg(test)]
+pub(crate) fn read_all(events: &[Value]) {
+    let completion = || Completion {
+        text: String::new(),
+        provider: "openai".into(),
+        model: "m".into(),
+        structured_mode: None,
+        usage: Usage::default(),
+        latency: std::time::Duration::ZERO,
+        truncated: false,
+    };
+    let mut streamed = completion();
+    for data in events {
+        let _ = read_chunk(data, &mut streamed, &mut |_| {});
+        for mode in [None, Some(StructuredMode::Tool)] {
+            let _ = read(data, mode, &mut completion());
+        }
+    }
 }
 
 #[async_trait]
@@ -279,7 +373,7 @@ impl LlmProvider for OpenAiCompatible {
                 learned()
                     .lock()
                     .ok()
-                    .and_then(|l| l.get(&self.config.base_url).copied())
+                    .and_then(|l| l.get(&(self.config.base_url.clone(), self.config.model.clone())).map(Learned::best))
                     .unwrap_or(StructuredMode::JsonSchema),
             ),
         }

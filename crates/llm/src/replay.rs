@@ -116,6 +116,7 @@ impl LlmProvider for ReplayProvider {
             structured_mode: None,
             usage: Usage::default(),
             latency: started.elapsed(),
+            truncated: false,
         })
     }
 }

@@ -143,3 +143,41 @@ async fn overload_is_retried_auth_and_bad_requests_are_not() {
     assert!(!err.to_string().contains("sk-ant-test-secret"));
     assert_eq!(server.requests().len(), 4);
 }
+
+#[tokio::test]
+async fn a_stream_naming_an_absurd_block_index_is_an_error_not_a_panic() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::sse(&[
+        (
+            Some("message_start"),
+            json!({"type": "message_start", "message": {"model": "claude-scripted", "usage": {"input_tokens": 1}}}),
+        ),
+        (
+            Some("content_block_start"),
+            json!({"type": "content_block_start", "index": u64::MAX, "content_block": {"type": "text", "text": ""}}),
+        ),
+        (Some("message_stop"), json!({"type": "message_stop"})),
+    ])])
+    .await
+    .unwrap();
+    let p = provider(&server, "sonnet");
+    let request = CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() };
+    let err = p.stream(&request, &mut |_| {}).await.err().unwrap_or_else(|| panic!("an absurd index was accepted"));
+    assert!(err.to_string().contains("index"), "{err}");
+}
+
+#[tokio::test]
+async fn an_answer_stopped_at_max_tokens_is_marked_truncated() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::ok(json!({
+        "id": "msg", "type": "message", "role": "assistant", "model": "claude-scripted",
+        "content": [{"type": "text", "text": "{\"steps\": ["}], "stop_reason": "max_tokens",
+        "usage": {"input_tokens": 30, "output_tokens": 256}
+    }))])
+    .await
+    .unwrap();
+    let p = provider(&server, "sonnet");
+    let c = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    assert!(c.unwrap_or_else(|e| panic!("{e}")).truncated);
+    let config =
+        AnthropicConfig { api_key: Some("sk-ant-test-secret".into()), ..AnthropicConfig::new("http://x", "m") };
+    assert!(!format!("{config:?}").contains("sk-ant-test-secret"), "keys never appear in Debug output");
+}

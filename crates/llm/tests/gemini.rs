@@ -133,3 +133,19 @@ async fn blocked_prompts_and_errors_are_reported() {
     assert!(matches!(err, LlmError::BadRequest { status: 400, .. }), "{err}");
     assert_eq!(server.requests().len(), 4);
 }
+
+#[tokio::test]
+async fn an_answer_stopped_at_max_tokens_is_marked_truncated() {
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::ok(json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": "{\"steps\": ["}]},
+            "finishReason": "MAX_TOKENS", "index": 0}],
+        "modelVersion": "gemini-2.5-flash"
+    }))])
+    .await
+    .unwrap();
+    let p = provider(&server, "flash");
+    let c = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.truncated);
+    let config = GeminiConfig { api_key: Some("gemini-test-secret".into()), ..GeminiConfig::new("http://x", "m") };
+    assert!(!format!("{config:?}").contains("gemini-test-secret"), "keys never appear in Debug output");
+}

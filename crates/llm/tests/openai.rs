@@ -110,7 +110,6 @@ async fn auto_falls_back_from_a_rejected_mode_and_remembers_per_server() {
     let p = provider(&server, "smollm2", StructuredSetting::Auto);
     let first = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(first.structured_mode, Some(StructuredMode::JsonObject));
-    assert_eq!(p.structured_mode(), Some(StructuredMode::JsonObject));
     let second = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(second.text, r#"{"steps": ["again"]}"#);
     let modes: Vec<String> = server
@@ -118,7 +117,11 @@ async fn auto_falls_back_from_a_rejected_mode_and_remembers_per_server() {
         .iter()
         .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("-").to_owned())
         .collect();
-    assert_eq!(modes, ["json_schema", "json_object", "json_object"], "the mode that worked is used first next time");
+    assert_eq!(
+        modes,
+        ["json_schema", "json_object", "json_object"],
+        "a schema refused once is not sent again in that mode"
+    );
 }
 
 #[tokio::test]
@@ -295,4 +298,151 @@ async fn preferences_apply_to_requests_that_set_none() {
     let sent = server.requests();
     assert_eq!((&sent[0].body["model"], &sent[0].body["reasoning_effort"]), (&json!("o4-mini"), &json!("high")));
     assert_eq!(sent[1].body["model"], "gpt-4.1", "a request's own choice stands");
+}
+
+#[tokio::test]
+async fn no_retry_after_header_makes_the_client_panic_or_sleep_forever() {
+    let slow = |value: &str| ScriptedReply::error(429, json!({"error": "slow down"})).with_header("retry-after", value);
+    let server = ScriptedLlmServer::start(vec![
+        slow("1e20"),
+        slow("-1"),
+        slow("99999999999999999999999999"),
+        slow("NaN"),
+        ScriptedReply::openai_content("fine"),
+    ])
+    .await
+    .unwrap();
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "gpt-4o-mini");
+    config.http.retry =
+        RetryPolicy { max_retries: 4, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let c = p.complete(&CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() }).await;
+    assert_eq!(c.map(|c| c.text).unwrap_or_else(|e| panic!("{e}")), "fine");
+    assert_eq!(server.requests().len(), 5);
+}
+
+#[tokio::test]
+async fn an_answer_cut_off_at_the_token_limit_says_so_whole_or_streamed() {
+    let cut = ScriptedReply::ok(json!({
+        "id": "c", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "{\"steps\": [{\"ag"}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 256}
+    }));
+    let chunk = |content: &str, finish: serde_json::Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]})
+    };
+    let streamed_cut = ScriptedReply::sse(&[
+        (None, chunk("{\"steps\"", serde_json::Value::Null)),
+        (None, chunk("", json!("length"))),
+        (None, json!("[DONE]")),
+    ]);
+    let server = ScriptedLlmServer::start(vec![cut, streamed_cut, ScriptedReply::openai_content("{}")]).await.unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Fixed(StructuredMode::JsonObject));
+    let c = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.truncated, "finish_reason length is a truncated answer");
+    let c = p.stream(&plan_request(), &mut |_| {}).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.truncated, "a streamed finish_reason length too");
+    let c = p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!c.truncated);
+}
+
+#[tokio::test]
+async fn an_answer_larger_than_the_limit_is_refused_whole_or_streamed() {
+    let huge = "x".repeat(200_000);
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content(&huge),
+        ScriptedReply::openai_stream(&[&huge[..100_000], &huge[100_000..]]),
+        ScriptedReply::openai_content("small"),
+    ])
+    .await
+    .unwrap();
+    let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), "gpt-4o-mini");
+    config.http.max_response_bytes = 64 * 1024;
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let hi = CompletionRequest { messages: vec![Message::user("hi")], ..Default::default() };
+    let err = p.complete(&hi).await.err().unwrap_or_else(|| panic!("a 200 kB answer was read"));
+    assert!(err.to_string().contains("max_response_bytes"), "{err}");
+    assert!(!err.should_fall_back(), "{err}");
+    let err = p.stream(&hi, &mut |_| {}).await.err().unwrap_or_else(|| panic!("a 200 kB stream was read"));
+    assert!(err.to_string().contains("max_response_bytes"), "{err}");
+    assert_eq!(p.complete(&hi).await.map(|c| c.text).unwrap_or_else(|e| panic!("{e}")), "small");
+}
+
+#[tokio::test]
+async fn a_schema_a_server_rejects_does_not_downgrade_other_schemas_or_models() {
+    let rejected = || {
+        ScriptedReply::error(
+            400,
+            json!({"error": {"message": "Invalid schema for response_format 'plan': prefixItems is not permitted"}}),
+        )
+    };
+    let ok = || ScriptedReply::openai_content("{}");
+    let server = ScriptedLlmServer::start(vec![
+        // Schema A: json_schema rejected, json_object works.
+        rejected(),
+        ok(),
+        // Schema B: json_schema still tried first, and works.
+        ok(),
+        // Schema A again: straight to json_object.
+        ok(),
+    ])
+    .await
+    .unwrap();
+    let p = provider(&server, "gpt-4o-mini", StructuredSetting::Auto);
+    let with_schema = |schema: serde_json::Value| CompletionRequest {
+        response_schema: Some(ResponseSchema { name: "plan".into(), schema }),
+        ..plan_request()
+    };
+    let a = with_schema(json!({"type": "object", "properties": {"steps": {"type": "array", "prefixItems": []}}}));
+    let b = with_schema(json!({"type": "object", "properties": {"selected": {"type": "array"}}}));
+    for request in [&a, &b, &a] {
+        p.complete(request).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let modes: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("-").to_owned())
+        .collect();
+    assert_eq!(modes, ["json_schema", "json_object", "json_schema", "json_object"]);
+    assert_eq!(p.structured_mode(), Some(StructuredMode::JsonSchema), "one schema's rejection is not the server's");
+}
+
+#[tokio::test]
+async fn a_mode_a_server_never_accepts_is_learned_per_model() {
+    let unsupported =
+        || ScriptedReply::error(500, json!({"error": {"message": "Unsupported response_format type json_schema"}}));
+    let ok = || ScriptedReply::openai_content("{}");
+    let server = ScriptedLlmServer::start(vec![unsupported(), ok(), unsupported(), ok(), ok(), ok()]).await.unwrap();
+    let small = provider(&server, "smollm2", StructuredSetting::Auto);
+    let with_schema = |n: usize| CompletionRequest {
+        response_schema: Some(ResponseSchema {
+            name: "plan".into(),
+            schema: json!({"type": "object", "maxProperties": n}),
+        }),
+        ..plan_request()
+    };
+    // Two different schemas rejected, json_schema never accepted: the server
+    // does not take it, for this model.
+    for n in 1..=3 {
+        small.complete(&with_schema(n)).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(small.structured_mode(), Some(StructuredMode::JsonObject));
+    let other = provider(&server, "another-model", StructuredSetting::Auto);
+    assert_eq!(other.structured_mode(), Some(StructuredMode::JsonSchema), "learned per model");
+    other.complete(&with_schema(1)).await.unwrap_or_else(|e| panic!("{e}"));
+    let modes: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("-").to_owned())
+        .collect();
+    assert_eq!(modes, ["json_schema", "json_object", "json_schema", "json_object", "json_object", "json_schema"]);
+}
+
+#[test]
+fn the_api_key_never_appears_in_debug_output() {
+    let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", "gpt-4o-mini");
+    config.api_key = Some("sk-test-secret".into());
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("sk-test-secret") && shown.contains("api_key"), "{shown}");
 }

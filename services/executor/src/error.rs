@@ -83,12 +83,15 @@ fn plan_field(error: &PlanError) -> String {
         | PlanError::SelfDependency { step }
         | PlanError::UnknownDependency { step, .. }
         | PlanError::InvalidParameters { step, .. }
+        | PlanError::MalformedReference { step, .. }
         | PlanError::ReferenceOutsideDependencies { step, .. } => step.as_str(),
         PlanError::Cycle { .. } => return "plan.steps".to_owned(),
     };
     let part = match error {
         PlanError::SelfDependency { .. } | PlanError::UnknownDependency { .. } => ".depends_on",
-        PlanError::InvalidParameters { .. } | PlanError::ReferenceOutsideDependencies { .. } => ".parameters",
+        PlanError::InvalidParameters { .. }
+        | PlanError::MalformedReference { .. }
+        | PlanError::ReferenceOutsideDependencies { .. } => ".parameters",
         _ => "",
     };
     format!("plan.steps[{step}]{part}")

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
 /// Backoff settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -32,17 +30,7 @@ impl Backoff {
     }
 }
 
-/// A `Retry-After` value: seconds, or an HTTP date. Anything else, negative
-/// or absurd values included, is ignored rather than trusted.
-pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds.min(24 * 3600)));
-    }
-    let at = DateTime::parse_from_rfc2822(value).ok()?;
-    let wait = at.with_timezone(&Utc) - now;
-    Some(wait.to_std().unwrap_or_default().min(Duration::from_secs(24 * 3600)))
-}
+pub use agentmesh_telemetry::http::parse_retry_after;
 
 #[cfg(test)]
 mod tests {
@@ -60,18 +48,5 @@ mod tests {
         }
         assert_eq!(backoff.delay(1, Some(Duration::from_millis(700))), Duration::from_millis(700));
         assert_eq!(backoff.delay(1, Some(Duration::from_secs(90))), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_and_dates_and_ignores_nonsense() {
-        let now = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").map(|d| d.with_timezone(&Utc)).ok();
-        let now = now.unwrap_or_default();
-        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
-        assert_eq!(parse_retry_after("Thu, 01 Jan 2026 00:00:03 GMT", now), Some(Duration::from_secs(3)));
-        assert_eq!(parse_retry_after("Wed, 31 Dec 2025 00:00:00 GMT", now), Some(Duration::ZERO));
-        for nonsense in ["1e20", "-5", "soon", "", "99999999999999999999999"] {
-            assert_eq!(parse_retry_after(nonsense, now), None, "{nonsense}");
-        }
-        assert_eq!(parse_retry_after("999999999999", now), Some(Duration::from_secs(24 * 3600)));
     }
 }

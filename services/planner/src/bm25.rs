@@ -1,5 +1,9 @@
-//! A small BM25 ranking over capability ids, descriptions and tags, to
-//! narrow very large catalogs before an LLM sees them.
+//! A small BM25 ranking over capability ids and descriptions: it orders the
+//! candidates of pre-selection (most likely first) and narrows very large
+//! catalogs before an LLM sees them. Words are lowercased, split on
+//! punctuation (so ids split too), stripped of common English endings
+//! (`calculate` and `calculation` meet), and function words and bare
+//! numbers in the request are ignored (numbers there are data, not tools).
 
 use std::collections::HashMap;
 
@@ -7,7 +11,50 @@ use agentmesh_core::plan::AllowedCapability;
 
 /// Lowercase word pieces: ids split on `_`, `-`, `.`, `:` and `/` too.
 pub fn tokens(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric()).filter(|t| !t.is_empty()).map(str::to_lowercase).collect()
+    text.split(|c: char| !c.is_alphanumeric()).filter(|t| !t.is_empty()).map(|t| stem(&t.to_lowercase())).collect()
+}
+
+/// Whether a request joins several asks (`… and …`, `then`, `also`,
+/// `plus`), so that it may well need several tools.
+pub fn joins_several_asks(query: &str) -> bool {
+    query
+        .split(|c: char| !c.is_alphanumeric())
+        .any(|w| ["and", "then", "also", "plus"].iter().any(|j| w.eq_ignore_ascii_case(j)))
+}
+
+/// Words that say nothing about which tool is wanted.
+const STOP_WORDS: [&str; 40] = [
+    "a", "an", "and", "are", "at", "be", "by", "can", "do", "for", "from", "give", "how", "i", "in", "is", "it", "me",
+    "my", "now", "of", "on", "or", "please", "right", "tell", "that", "the", "this", "to", "what", "when", "where",
+    "which", "who", "why", "will", "with", "you", "your",
+];
+
+/// The request's words worth matching.
+fn query_tokens(query: &str) -> Vec<String> {
+    query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty() && !t.chars().all(|c| c.is_ascii_digit()))
+        .map(str::to_lowercase)
+        .filter(|t| !STOP_WORDS.contains(&t.as_str()))
+        .map(|t| stem(&t))
+        .collect()
+}
+
+/// A crude English stem: the word without its longest common ending, when
+/// at least three letters remain.
+fn stem(word: &str) -> String {
+    const ENDINGS: [&str; 18] = [
+        "ational", "ations", "ation", "ators", "ator", "ating", "ated", "ates", "ings", "ate", "ing", "ers", "ies",
+        "er", "es", "ed", "ly", "s",
+    ];
+    for ending in ENDINGS {
+        if let Some(stem) = word.strip_suffix(ending)
+            && stem.chars().count() >= 3
+        {
+            return stem.to_owned();
+        }
+    }
+    word.to_owned()
 }
 
 fn document(c: &AllowedCapability) -> Vec<String> {
@@ -34,7 +81,7 @@ pub fn rank(query: &str, catalog: &[AllowedCapability]) -> Vec<(usize, f64)> {
             *df.entry(word).or_default() += 1;
         }
     }
-    let query = tokens(query);
+    let query = query_tokens(query);
     let mut scored: Vec<(usize, f64)> = docs
         .iter()
         .enumerate()
@@ -86,6 +133,9 @@ mod tests {
         let ranked = rank("calculation of 2+2", &catalog);
         assert_eq!(ranked[0].0, 1);
         assert!(ranked[0].1 > 0.0 && ranked[2].1 == 0.0);
-        assert_eq!(tokens("get_current-weather:v2"), ["get", "current", "weather", "v2"]);
+        assert_eq!(tokens("get_current-weather:v2"), ["get", "current", "weath", "v2"]);
+        assert_eq!(query_tokens("Calculate 17 * 23 for me"), ["calcul"]);
+        assert!(joins_several_asks("Weather in Paris and 2 * 3?") && !joins_several_asks("Band names"));
+        assert_eq!(tokens("calculation-agent evaluates"), ["calcul", "agent", "evalu"]);
     }
 }

@@ -1,6 +1,15 @@
 //! The catalog a request may plan over, from discovery: never the calling
-//! orchestrator's own agents, never internal capabilities, healthy agents
-//! only unless asked, narrowed further by allow patterns.
+//! orchestrator's own agents, never internal capabilities, narrowed further
+//! by allow patterns.
+//!
+//! Health: `active` and `degraded` agents are offered. A degraded agent has
+//! missed a few heartbeats or said it is struggling, but is most likely
+//! still there (a pause, a slow network); planning without it would answer
+//! "nothing can do this" when something can, and the executor's retries and
+//! circuit breaker deal with an agent that does fail. `inactive` agents
+//! (no heartbeat for six intervals) are left out unless the request asks
+//! for them (`include_unhealthy`), and the ones left out are counted so
+//! that a zero-step answer can say so.
 
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_core::{CapabilityKind, Pattern};
@@ -42,21 +51,50 @@ impl AllowPattern {
     }
 }
 
+/// The capabilities a request may use, and the agents left out for health.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    /// What may be planned over.
+    pub capabilities: Vec<AllowedCapability>,
+    /// Inactive agents left out (their ids, sorted).
+    pub inactive: Vec<String>,
+}
+
+impl Catalog {
+    /// A sentence for a zero-step answer when agents were left out for
+    /// health (empty when none was).
+    pub fn health_note(&self) -> String {
+        if self.inactive.is_empty() {
+            return String::new();
+        }
+        let shown: Vec<&str> = self.inactive.iter().take(5).map(String::as_str).collect();
+        let more = self.inactive.len() - shown.len();
+        format!(
+            "{} {} left out as inactive (no recent heartbeat): {}{}; set include_unhealthy \
+             (`agentmesh plan --include-unhealthy`) to plan over {}",
+            self.inactive.len(),
+            if self.inactive.len() == 1 { "agent was" } else { "agents were" },
+            shown.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() },
+            if self.inactive.len() == 1 { "it" } else { "them" },
+        )
+    }
+}
+
 /// Fetches every capability the request may use.
 pub async fn fetch(
     discovery: &mut DiscoveryServiceClient<TracedChannel>,
     excluded: &[String],
     include_unhealthy: bool,
     request_id: &str,
-) -> Result<Vec<AllowedCapability>, tonic::Status> {
-    let mut out = Vec::new();
+) -> Result<Catalog, tonic::Status> {
+    let mut out = Catalog::default();
     let mut offset = 0;
     loop {
         let mut request = tonic::Request::new(pb::ListCapabilitiesRequest {
             include_input_schema: true,
             include_internal: false,
             exclude_agents: excluded.to_vec(),
-            health_status: if include_unhealthy { 0 } else { pb::HealthStatus::Active as i32 },
             limit: 500,
             offset,
             ..Default::default()
@@ -66,9 +104,13 @@ pub async fn fetch(
         }
         let page = discovery.list_capabilities(request).await?.into_inner();
         for agent in &page.capabilities {
+            if !include_unhealthy && agent.health_status == pb::HealthStatus::Inactive as i32 {
+                out.inactive.push(agent.id.clone());
+                continue;
+            }
             for (kind, list) in [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)] {
                 for c in list.iter().filter(|c| !c.internal) {
-                    out.push(AllowedCapability {
+                    out.capabilities.push(AllowedCapability {
                         agent: agent.id.clone(),
                         capability: c.id.clone(),
                         kind,
@@ -80,6 +122,7 @@ pub async fn fetch(
         }
         let has_more = page.pagination.is_some_and(|p| p.has_more);
         if !has_more || page.capabilities.is_empty() {
+            out.inactive.sort();
             return Ok(out);
         }
         offset += u32::try_from(page.capabilities.len()).unwrap_or(u32::MAX);
@@ -98,6 +141,15 @@ mod tests {
             description: String::new(),
             input_schema: None,
         }
+    }
+
+    #[test]
+    fn the_health_note_names_what_was_left_out() {
+        assert_eq!(Catalog::default().health_note(), "");
+        let one = Catalog { capabilities: Vec::new(), inactive: vec!["clock".into()] };
+        assert!(one.health_note().starts_with("1 agent was left out as inactive (no recent heartbeat): clock;"));
+        let many = Catalog { capabilities: Vec::new(), inactive: (0..7).map(|i| format!("a{i}")).collect() };
+        assert!(many.health_note().contains("a0, a1, a2, a3, a4 and 2 more; set include_unhealthy"));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agentmesh_core::plan::{AllowedCapability, Plan, PlanError, parse_plan, plan_schema, validate_plan};
+use agentmesh_core::plan::{
+    AllowedCapability, Plan, PlanBounds, PlanError, PlanParseError, parse_plan, plan_schema, validate_plan,
+};
 use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, ResponseSchema, StructuredMode};
 use agentmesh_telemetry::{EVENT_LOG_TARGET, span_event};
 use serde_json::{Value, json};
@@ -28,12 +30,18 @@ pub struct PlannerSettings {
     pub hallucination_retries: u32,
     /// Retries after other validation errors.
     pub validation_retries: u32,
-    /// Temperature of the first planning call.
+    /// Temperature of the first planning call (0: the same request over the
+    /// same catalog gets the same plan).
     pub temperature: f32,
-    /// Temperature of retries (lower).
+    /// Temperature of retries.
     pub retry_temperature: f32,
-    /// Token limit of each call.
+    /// Most tokens any call may generate. A planning call asks for what the
+    /// planning schema's bounds need when that is less.
     pub max_tokens: u32,
+    /// How large a plan the planning schema admits.
+    pub bounds: PlanBounds,
+    /// Most capabilities pre-selection may keep.
+    pub preselect_max: usize,
 }
 
 impl Default for PlannerSettings {
@@ -44,9 +52,11 @@ impl Default for PlannerSettings {
             parse_retries: 2,
             hallucination_retries: 1,
             validation_retries: 2,
-            temperature: 0.2,
+            temperature: 0.0,
             retry_temperature: 0.0,
-            max_tokens: 1024,
+            max_tokens: 2048,
+            bounds: PlanBounds::default(),
+            preselect_max: 5,
         }
     }
 }
@@ -75,6 +85,8 @@ pub struct Interaction {
     pub prompt: String,
     /// The answer text (empty on error).
     pub response: String,
+    /// Provider that answered (in a fallback chain, the one that did).
+    pub provider: String,
     /// Model that answered.
     pub model: String,
     /// Structured-output mode used.
@@ -114,6 +126,8 @@ pub struct PlanStats {
     pub hallucinations_recovered: u32,
     /// Pre-selections that failed and fell back to the whole catalog.
     pub preselection_fallbacks: u32,
+    /// Answers cut off at the token limit.
+    pub truncated_answers: u32,
 }
 
 /// A plan and how it came about.
@@ -218,6 +232,7 @@ impl Run<'_> {
                 kind,
                 prompt,
                 response: c.text.clone(),
+                provider: c.provider.clone(),
                 model: c.model.clone(),
                 structured_mode: c.structured_mode,
                 prompt_tokens: c.usage.prompt_tokens,
@@ -229,6 +244,7 @@ impl Run<'_> {
                 kind,
                 prompt,
                 response: String::new(),
+                provider: self.llm.name().to_owned(),
                 model: self.llm.model().to_owned(),
                 structured_mode: None,
                 prompt_tokens: 0,
@@ -247,8 +263,12 @@ impl Planner {
         Self { settings }
     }
 
-    /// Narrows `catalog` for `query`: lexically when very large, then with an
-    /// LLM call when above the threshold. `Ok(empty)` means "nothing fits".
+    /// Narrows `catalog` for `query` when above the threshold: a lexical
+    /// ranking orders the candidates (best first, the most relevant only
+    /// when very large), then the model picks among their ids, constrained
+    /// to them. `Ok(empty)` means "nothing fits". A pre-selection that fails
+    /// for another reason than the LLM being unreachable or refusing the
+    /// credentials falls back to the candidates.
     async fn preselect(
         &self,
         run: &mut Run<'_>,
@@ -258,32 +278,30 @@ impl Planner {
         if catalog.len() <= self.settings.preselect_threshold {
             return Ok(catalog.to_vec());
         }
-        let candidates: Vec<AllowedCapability> = if catalog.len() > self.settings.lexical_limit {
-            let mut top: Vec<usize> =
-                bm25::rank(query, catalog).into_iter().take(self.settings.lexical_limit).map(|(i, _)| i).collect();
-            top.sort_unstable();
-            top.into_iter().map(|i| catalog[i].clone()).collect()
-        } else {
-            catalog.to_vec()
-        };
+        let ranked: Vec<(usize, f64)> =
+            bm25::rank(query, catalog).into_iter().take(self.settings.lexical_limit).collect();
+        let candidates: Vec<AllowedCapability> = ranked.iter().map(|(i, _)| catalog[*i].clone()).collect();
+        let shares_a_word: HashSet<String> =
+            ranked.iter().filter(|(_, score)| *score > 0.0).map(|(i, _)| pair_id(&catalog[*i])).collect();
         let ids: Vec<String> = candidates.iter().map(pair_id).collect();
         let schema = ResponseSchema {
             name: "selection".into(),
             schema: json!({"type": "object", "additionalProperties": false, "required": ["selected"],
-                "properties": {"selected": {"type": "array", "items": {"type": "string", "enum": ids}}}}),
+                "properties": {"selected": {"type": "array", "items": {"type": "string", "enum": ids},
+                    "maxItems": self.settings.preselect_max}}}),
         };
-        let answer = run
-            .call(InteractionKind::Preselection, preselect_messages(query, &candidates), Some(schema), 0.0, 512)
+        // Ids of about 40 characters, quoted, at most `preselect_max` of them.
+        let max_tokens = u32::try_from(32 + self.settings.preselect_max * 40).unwrap_or(512);
+        let answer = match run
+            .call(InteractionKind::Preselection, preselect_messages(query, &candidates), Some(schema), 0.0, max_tokens)
             .await
-            .map_err(|e| e.to_string())
-            .and_then(|c| {
-                let json = agentmesh_core::plan::extract_json(&c.text).ok_or("no JSON object in the answer")?;
-                let value: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-                value["selected"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>())
-                    .ok_or_else(|| "no `selected` list".to_owned())
-            });
+        {
+            Ok(completion) => selection(&completion),
+            Err(e @ (LlmError::Auth { .. } | LlmError::Config(_) | LlmError::Unavailable { .. })) => {
+                return Err(PlanningError::Llm(e));
+            }
+            Err(e) => Err(e.to_string()),
+        };
         let selected = match answer {
             Ok(selected) => selected,
             Err(e) => {
@@ -298,8 +316,23 @@ impl Planner {
         if !invented.is_empty() {
             tracing::warn!(invented = ?invented, "pre-selection named tools that were not listed; dropped");
         }
-        let kept: Vec<AllowedCapability> =
-            candidates.into_iter().filter(|c| wanted.contains(pair_id(c).as_str())).collect();
+        // In the model's order: its first pick is its best guess. A further
+        // pick must share a word with the request, or the request must join
+        // several asks: small models pad their answer with whatever is
+        // listed next, and a plan then uses it.
+        let first = selected.iter().find(|s| ids.contains(s));
+        let several = bm25::joins_several_asks(query);
+        let mut kept: Vec<AllowedCapability> = candidates
+            .into_iter()
+            .filter(|c| {
+                let id = pair_id(c);
+                wanted.contains(id.as_str()) && (Some(&id) == first || several || shares_a_word.contains(&id))
+            })
+            .collect();
+        if kept.len() < wanted.len() - invented.len() {
+            tracing::debug!(selected = ?selected, kept = kept.len(), "pre-selection picks sharing no word with the request dropped");
+        }
+        kept.sort_by_key(|c| selected.iter().position(|s| *s == pair_id(c)));
         run.stats.preselected = Some(kept.len());
         Ok(kept)
     }
@@ -338,6 +371,10 @@ impl Planner {
             stats: PlanStats { catalog_size: catalog.len(), ..Default::default() },
             interactions: Vec::new(),
         };
+        if catalog.is_empty() {
+            let plan = Plan { reasoning: "no capability is available to plan with".into(), steps: Vec::new() };
+            return Ok(PlanOutcome { plan, stats: run.stats, interactions: run.interactions });
+        }
         let mut allowed = self.preselect(&mut run, query, catalog).await?;
         if allowed.is_empty() {
             let plan =
@@ -350,35 +387,65 @@ impl Planner {
         let mut kind = first_kind;
         let mut hallucinated = false;
         let mut attempts = 0;
+        let mut bounds = self.settings.bounds;
         loop {
             attempts += 1;
-            let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed) };
+            let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed, &bounds) };
+            let max_tokens = bounds.max_tokens(&allowed).min(self.settings.max_tokens);
             let temperature =
                 if kind == first_kind { self.settings.temperature } else { self.settings.retry_temperature };
-            let messages = plan_messages(query, &allowed, feedback.as_deref());
-            let completion = run.call(kind, messages, Some(schema), temperature, self.settings.max_tokens).await?;
-            let plan = match parse_plan(&completion.text) {
+            let messages = plan_messages(query, &allowed, feedback.as_deref(), &bounds);
+            let completion = run.call(kind, messages, Some(schema), temperature, max_tokens).await?;
+            let parsed = parse_plan(&completion.text);
+            if completion.truncated {
+                run.stats.truncated_answers += 1;
+                tracing::warn!(
+                    max_tokens,
+                    max_steps = bounds.max_steps,
+                    parsed = parsed.is_ok(),
+                    "the planning answer was cut off at the token limit; asking again for a shorter plan"
+                );
+            }
+            let plan = match parsed {
                 Ok(plan) => plan,
                 Err(e) if parse_left > 0 => {
                     parse_left -= 1;
                     run.stats.parse_errors += 1;
                     run.stats.parse_retries += 1;
                     run.stats.retries += 1;
-                    feedback = Some(format!("- {e}. Reply with the JSON plan only."));
+                    feedback = Some(if completion.truncated {
+                        bounds = bounds.tighter();
+                        format!(
+                            "- your answer was cut off at {max_tokens} tokens. Write a shorter plan: at most {} \
+                             steps, instructions under {} characters.",
+                            bounds.max_steps, bounds.instruction_chars
+                        )
+                    } else {
+                        format!("- {e}. Reply with the JSON plan only.")
+                    });
                     kind = InteractionKind::PlanRetry;
                     continue;
                 }
                 Err(e) => {
                     run.stats.parse_errors += 1;
+                    let problems = match e {
+                        PlanParseError::NoJson | PlanParseError::Syntax(_) if completion.truncated => format!(
+                            "the answer was cut off at the token limit ({max_tokens} tokens) before the plan ended"
+                        ),
+                        other => other.to_string(),
+                    };
                     return Err(PlanningError::Exhausted {
                         attempts,
-                        problems: e.to_string(),
+                        problems,
                         interactions: run.interactions,
                         stats: run.stats,
                     });
                 }
             };
-            let errors = match validate_plan(&plan, &allowed) {
+            let errors = match validate_plan(&plan, &allowed).and_then(|valid| {
+                let unfilled = unfilled_placeholders(&valid);
+                if unfilled.is_empty() { Ok(valid) } else { Err(unfilled) }
+            }) {
                 // A zero-step plan must say why nothing fits.
                 Ok(valid) if valid.steps.is_empty() && valid.reasoning.trim().is_empty() && validation_left > 0 => {
                     validation_left -= 1;
@@ -519,6 +586,38 @@ impl Planner {
             kind = InteractionKind::PlanRetry;
         }
     }
+}
+
+/// Parameters left as the prompt example's placeholder (`"<location>"`
+/// for `location`): a small model copies the example instead of filling
+/// them from the request.
+fn unfilled_placeholders(plan: &Plan) -> Vec<PlanError> {
+    let mut errors = Vec::new();
+    for step in &plan.steps {
+        let Some(parameters) = step.parameters.as_object() else { continue };
+        let unfilled: Vec<String> = parameters
+            .iter()
+            .filter(|(name, value)| value.as_str() == Some(format!("<{name}>").as_str()))
+            .map(|(name, _)| format!("/{name}: still the placeholder `<{name}>`; fill it from the request"))
+            .collect();
+        if !unfilled.is_empty() {
+            errors.push(PlanError::InvalidParameters { step: step.step_id.clone(), errors: unfilled });
+        }
+    }
+    errors
+}
+
+/// The ids a pre-selection answer lists.
+fn selection(completion: &Completion) -> Result<Vec<String>, String> {
+    if completion.truncated {
+        return Err("the answer was cut off at the token limit".into());
+    }
+    let json = agentmesh_core::plan::extract_json(&completion.text).ok_or("no JSON object in the answer")?;
+    let value: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    value["selected"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect::<Vec<_>>())
+        .ok_or_else(|| "no `selected` list".to_owned())
 }
 
 /// The agent a hallucination named (the agent of an invented capability too).

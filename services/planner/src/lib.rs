@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentmesh_core::plan::PlanBounds;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::planner_service_server::PlannerServiceServer;
 use agentmesh_server::{Dependency, HealthChecker};
@@ -80,6 +81,12 @@ pub struct PlannerConfig {
     pub request_timeout_secs: f64,
     /// Requests handled at once; more wait for a slot.
     pub max_concurrent_requests: usize,
+    /// Longest query accepted, in characters (`INVALID_ARGUMENT` above it).
+    pub max_query_chars: usize,
+    /// Most steps a plan may have (the planning schema's bound).
+    pub max_plan_steps: usize,
+    /// Largest answer read from an LLM server, whole or streamed, in bytes.
+    pub llm_max_response_bytes: usize,
 }
 
 impl Default for PlannerConfig {
@@ -104,6 +111,9 @@ impl Default for PlannerConfig {
             max_request_bytes: 4 * 1024 * 1024,
             request_timeout_secs: 600.0,
             max_concurrent_requests: 1_000,
+            max_query_chars: 4_000,
+            max_plan_steps: PlanBounds::default().max_steps,
+            llm_max_response_bytes: agentmesh_llm::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -127,6 +137,13 @@ impl PlannerConfig {
             self.request_timeout_secs
         );
         anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        anyhow::ensure!(self.max_query_chars >= 1, "max_query_chars must be at least 1");
+        anyhow::ensure!(
+            (1..=50).contains(&self.max_plan_steps),
+            "max_plan_steps must be between 1 and 50, got {}",
+            self.max_plan_steps
+        );
+        anyhow::ensure!(self.llm_max_response_bytes >= 1024, "llm_max_response_bytes must be at least 1024");
         Ok(())
     }
 
@@ -148,6 +165,7 @@ impl PlannerConfig {
                 timeout: Duration::from_secs(self.llm_timeout_secs.max(1)),
                 retry: agentmesh_llm::RetryPolicy { max_retries: self.llm_retries, ..Default::default() },
                 ca_file: self.llm_ca_file.clone(),
+                max_response_bytes: self.llm_max_response_bytes,
             },
         }
     }
@@ -180,6 +198,7 @@ pub async fn serve_with_listener(
         preselect_threshold: config.preselect_threshold,
         parse_retries: config.parse_retries,
         hallucination_retries: config.hallucination_retries,
+        bounds: PlanBounds { max_steps: config.max_plan_steps, ..PlanBounds::default() },
         ..Default::default()
     };
     let service = service::PlannerGrpc {
@@ -193,6 +212,7 @@ pub async fn serve_with_listener(
         },
         self_agent_ids: config.self_agent_ids.clone(),
         metrics: metrics.clone(),
+        max_query_chars: config.max_query_chars,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let (health_reporter, health_service) = agentmesh_server::grpc::health();

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub preselection_fallbacks: IntCounter,
     /// Pre-selections that kept nothing (answered with a zero-step plan).
     pub preselection_empty: IntCounter,
+    /// Answers cut off at the token limit.
+    pub truncated_answers: IntCounter,
 }
 
 /// The interaction kind as a label value.
@@ -101,6 +103,11 @@ impl Metrics {
         registry.register(Box::new(retries.clone()))?;
         registry.register(Box::new(preselection_fallbacks.clone()))?;
         registry.register(Box::new(preselection_empty.clone()))?;
+        let truncated_answers = IntCounter::new(
+            "agentmesh_planner_truncated_answers_total",
+            "LLM answers cut off at the token limit (asked again with a tighter bound)",
+        )?;
+        registry.register(Box::new(truncated_answers.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -114,6 +121,7 @@ impl Metrics {
             retries,
             preselection_fallbacks,
             preselection_empty,
+            truncated_answers,
         })
     }
 
@@ -134,6 +142,7 @@ impl Metrics {
         self.retries.with_label_values(&["validation"]).inc_by(u64::from(stats.validation_retries));
         self.retries.with_label_values(&["hallucination"]).inc_by(u64::from(stats.hallucination_retries));
         self.preselection_fallbacks.inc_by(u64::from(stats.preselection_fallbacks));
+        self.truncated_answers.inc_by(u64::from(stats.truncated_answers));
         // Pre-selection kept nothing and no plan was asked for: a zero-step plan.
         let planned = interactions.iter().any(|i| i.kind != InteractionKind::Preselection);
         if stats.preselected == Some(0) && !planned {

@@ -29,6 +29,7 @@ pub struct PlannerGrpc {
     pub(crate) retention: Retention,
     pub(crate) self_agent_ids: Vec<String>,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) max_query_chars: usize,
 }
 
 fn new_request_id() -> String {
@@ -73,7 +74,7 @@ fn stats_to_pb(
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         model: last.map_or_else(|| llm.model().to_owned(), |i| i.model.clone()),
         structured_output_mode: last.and_then(|i| i.structured_mode).map(|m| m.to_string()).unwrap_or_default(),
-        provider: llm.name().to_owned(),
+        provider: last.map_or_else(|| llm.name().to_owned(), |i| i.provider.clone()),
     }
 }
 
@@ -89,7 +90,7 @@ impl PlannerGrpc {
                 prompt: i.prompt.clone(),
                 response: i.response.clone(),
                 model: i.model.clone(),
-                provider: self.llm.name().to_owned(),
+                provider: i.provider.clone(),
                 structured_mode: i.structured_mode.map(|m| m.to_string()).unwrap_or_default(),
                 prompt_tokens: i64::from(i.prompt_tokens),
                 completion_tokens: i64::from(i.completion_tokens),
@@ -144,6 +145,13 @@ impl PlannerService for PlannerGrpc {
         if r.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
         }
+        let length = r.query.chars().count();
+        if length > self.max_query_chars {
+            return Err(Status::invalid_argument(format!(
+                "query is {length} characters; the planner accepts at most {} (max_query_chars)",
+                self.max_query_chars
+            )));
+        }
         let allow: Vec<AllowPattern> = r
             .allow
             .iter()
@@ -152,9 +160,10 @@ impl PlannerService for PlannerGrpc {
             .map_err(Status::invalid_argument)?;
         let excluded = self.excluded(&r.caller_agent_ids, &r.exclude_agents);
         let mut discovery = self.discovery.clone();
-        let mut catalog = catalog::fetch(&mut discovery, &excluded, r.include_unhealthy, &request_id)
+        let fetched = catalog::fetch(&mut discovery, &excluded, r.include_unhealthy, &request_id)
             .await
             .map_err(|s| Status::unavailable(format!("discovery is unavailable: {}", s.message())))?;
+        let mut catalog = fetched.capabilities.clone();
         if !allow.is_empty() {
             catalog.retain(|c| allow.iter().any(|p| p.matches(c)));
         }
@@ -163,7 +172,11 @@ impl PlannerService for PlannerGrpc {
         let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
         let planning = self.planner.plan(&llm, &r.query, &catalog);
         match with_request_id(&request_id, planning).instrument(span).await {
-            Ok(PlanOutcome { plan, stats, interactions }) => {
+            Ok(PlanOutcome { mut plan, stats, interactions }) => {
+                let note = fetched.health_note();
+                if plan.steps.is_empty() && !note.is_empty() {
+                    plan.reasoning = format!("{}; {note}", plan.reasoning.trim_end_matches(['.', ' ']));
+                }
                 self.metrics.observe_planning(&stats, &interactions);
                 self.record(&request_id, &interactions).await;
                 let stats = stats_to_pb(&stats, &interactions, self.llm.as_ref(), started);
@@ -217,7 +230,8 @@ impl PlannerService for PlannerGrpc {
         let mut discovery = self.discovery.clone();
         let catalog = catalog::fetch(&mut discovery, &excluded, false, &request_id)
             .await
-            .map_err(|s| Status::unavailable(format!("discovery is unavailable: {}", s.message())))?;
+            .map_err(|s| Status::unavailable(format!("discovery is unavailable: {}", s.message())))?
+            .capabilities;
         let allowed: Vec<_> = catalog
             .into_iter()
             .filter(|c| c.agent == collab.agent && (collab.capability.is_empty() || c.capability == collab.capability))

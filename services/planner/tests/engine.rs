@@ -96,10 +96,9 @@ async fn an_invented_time_tool_is_caught_and_the_retry_ends_in_a_zero_step_plan(
         retry.starts_with("Your previous answer was rejected:\n- step s1: agent `time-tool-v1` is not available"),
         "{retry}"
     );
-    assert!(requests[1].body["temperature"].as_f64() < requests[0].body["temperature"].as_f64(), "retry runs cooler");
+    assert!(requests[1].body["temperature"].as_f64() <= requests[0].body["temperature"].as_f64(), "never warmer");
     // The schema sent only admits the weather tool.
-    let branches =
-        &requests[0].body["response_format"]["json_schema"]["schema"]["properties"]["steps"]["items"]["anyOf"];
+    let branches = &requests[0].body["response_format"]["json_schema"]["schema"]["$defs"]["step1"]["anyOf"];
     assert_eq!(branches.as_array().map(Vec::len), Some(1));
     assert_eq!(branches[0]["properties"]["agent"]["const"], "weather-tool-v2");
 }
@@ -175,8 +174,7 @@ async fn an_empty_pre_selection_is_a_zero_step_plan_without_a_planning_call() {
 #[tokio::test]
 async fn a_failed_pre_selection_falls_back_to_the_catalog_with_a_count() {
     let server = ScriptedLlmServer::start(vec![
-        ScriptedReply::error(503, json!({})),
-        ScriptedReply::error(503, json!({})),
+        ScriptedReply::openai_content("The weather tool, I think."),
         plan_with("weather-tool-v2", "get_current_weather", json!({"location": "Chicago"})),
     ])
     .await
@@ -252,4 +250,135 @@ async fn a_zero_step_plan_always_comes_with_a_reason() {
     let requests = server.requests();
     assert_eq!(requests.len(), 3, "asked for a reason while retries lasted");
     assert!(user_message(&requests[1].body).contains("must say in `reasoning` why"));
+}
+
+#[tokio::test]
+async fn an_auth_failure_in_pre_selection_is_reported_not_planned_around() {
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::error(401, json!({"error": {"message": "invalid api key"}})),
+        plan_with("weather-tool-v2", "get_current_weather", json!({"location": "Chicago"})),
+    ])
+    .await
+    .unwrap();
+    let result =
+        Planner::new(PlannerSettings::default()).plan(&llm(&server), "Weather in Chicago?", &big_catalog()).await;
+    match result {
+        Err(PlanningError::Llm(e)) => assert!(e.to_string().contains("credentials"), "{e}"),
+        other => panic!("an auth failure was planned around: {other:?}"),
+    }
+    assert_eq!(server.requests().len(), 1, "no planning call after the credentials were refused");
+}
+
+#[tokio::test]
+async fn pre_selection_offers_the_lexically_best_candidates_first_and_bounds_the_choice() {
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content(r#"{"selected": ["calculation-agent/evaluate"]}"#),
+        plan_with("calculation-agent", "evaluate", json!({"expression": "17*23"})),
+    ])
+    .await
+    .unwrap();
+    let settings = PlannerSettings { preselect_max: 3, ..PlannerSettings::default() };
+    Planner::new(settings)
+        .plan(&llm(&server), "Calculate 17 * 23", &big_catalog())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = &server.requests()[0].body;
+    let selected = &body["response_format"]["json_schema"]["schema"]["properties"]["selected"];
+    assert_eq!(selected["maxItems"], 3);
+    assert_eq!(selected["items"]["enum"][0], "calculation-agent/evaluate", "the best lexical match comes first");
+    let tools = user_message(body);
+    assert!(tools.find("calculation-agent/evaluate") < tools.find("weather-tool-v2"), "{tools}");
+}
+
+fn cut_off(text: &str) -> ScriptedReply {
+    ScriptedReply::ok(json!({
+        "id": "c", "object": "chat.completion", "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 300}
+    }))
+}
+
+#[tokio::test]
+async fn an_answer_cut_off_at_the_token_limit_is_asked_again_shorter() {
+    let server = ScriptedLlmServer::start(vec![
+        cut_off(r#"{"reasoning": "first the weather, then", "steps": [{"step_id": "s1", "agent": "weather-to"#),
+        plan_with("weather-tool-v2", "get_current_weather", json!({"location": "Chicago"})),
+    ])
+    .await
+    .unwrap();
+    let outcome = Planner::new(PlannerSettings::default())
+        .plan(&llm(&server), "Weather in Chicago?", &[weather(), calculator()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(outcome.plan.steps.len(), 1);
+    assert_eq!(outcome.stats.truncated_answers, 1);
+    let requests = server.requests();
+    let (first, second) = (&requests[0].body, &requests[1].body);
+    assert!(second["max_tokens"].as_u64() < first["max_tokens"].as_u64(), "the retry's bound is tighter");
+    let tuples = |body: &Value| {
+        body["response_format"]["json_schema"]["schema"]["properties"]["steps"]["anyOf"].as_array().map(Vec::len)
+    };
+    assert!(tuples(second) < tuples(first), "and so is the schema's");
+    let feedback = user_message(second);
+    assert!(feedback.contains("cut off") && !feedback.contains("no JSON object"), "{feedback}");
+}
+
+#[tokio::test]
+async fn answers_that_keep_being_cut_off_end_in_an_error_that_says_so() {
+    let server = ScriptedLlmServer::start(vec![cut_off(r#"{"reasoning": "#); 3]).await.unwrap();
+    let err = Planner::new(PlannerSettings::default()).plan(&llm(&server), "Weather?", &[weather()]).await;
+    match err {
+        Err(PlanningError::Exhausted { problems, stats, .. }) => {
+            assert!(problems.contains("cut off at the token limit"), "{problems}");
+            assert_eq!(stats.truncated_answers, 3);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_planning_schema_fixes_ids_and_earlier_dependencies_and_sizes_the_token_budget() {
+    let server = ScriptedLlmServer::start(vec![plan_with(
+        "weather-tool-v2",
+        "get_current_weather",
+        json!({"location": "Chicago"}),
+    )])
+    .await
+    .unwrap();
+    Planner::new(PlannerSettings::default())
+        .plan(&llm(&server), "Weather in Chicago?", &[weather(), calculator()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = &server.requests()[0].body;
+    let schema = &body["response_format"]["json_schema"]["schema"];
+    let second = &schema["$defs"]["step2"]["anyOf"][0]["properties"];
+    assert_eq!(second["step_id"]["const"], "s2");
+    assert_eq!(second["depends_on"]["items"]["enum"], json!(["s1"]));
+    let max_tokens = body["max_tokens"].as_u64().unwrap_or_default();
+    assert!(max_tokens > 300 && max_tokens <= 2048, "{max_tokens}");
+}
+
+#[tokio::test]
+async fn a_malformed_reference_is_fed_back_to_the_model() {
+    let two = |expression: &str| {
+        ScriptedReply::openai_content(
+            &json!({"reasoning": "r", "steps": [
+                {"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i",
+                 "parameters": {"location": "Chicago"}, "depends_on": []},
+                {"step_id": "s2", "agent": "calculation-agent", "capability": "evaluate", "instruction": "i",
+                 "parameters": {"expression": expression}, "depends_on": ["s1"]}]})
+            .to_string(),
+        )
+    };
+    let server =
+        ScriptedLlmServer::start(vec![two("{{s1.outputs.temp}} * 9 / 5 + 32"), two("{{s1.output.temp}} * 9 / 5 + 32")])
+            .await
+            .unwrap();
+    let outcome = Planner::new(PlannerSettings::default())
+        .plan(&llm(&server), "Chicago's temperature in Fahrenheit?", &[weather(), calculator()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(outcome.plan.steps[1].parameters, json!({"expression": "{{s1.output.temp}} * 9 / 5 + 32"}));
+    let feedback = user_message(&server.requests()[1].body);
+    assert!(feedback.contains("`{{s1.outputs.temp}}` is not a reference"), "{feedback}");
 }

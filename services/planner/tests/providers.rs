@@ -17,6 +17,7 @@ fn options(server: &ScriptedLlmServer) -> ProviderOptions {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy { max_retries: 0, ..Default::default() },
             ca_file: None,
+            max_response_bytes: agentmesh_llm::DEFAULT_MAX_RESPONSE_BYTES,
         },
     }
 }

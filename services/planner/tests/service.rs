@@ -102,7 +102,7 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backen
     let sent = &llm.requests()[0].body;
     let prompt = sent["messages"].to_string();
     assert!(!prompt.contains("orchestrate_natural") && !prompt.contains("admin_reset"), "{prompt}");
-    let agents: Vec<String> = sent["response_format"]["json_schema"]["schema"]["properties"]["steps"]["items"]["anyOf"]
+    let agents: Vec<String> = sent["response_format"]["json_schema"]["schema"]["$defs"]["step1"]["anyOf"]
         .as_array()
         .unwrap()
         .iter()
@@ -163,5 +163,139 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backen
 
     let empty = client.create_plan(pb::CreatePlanRequest { query: "  ".into(), ..Default::default() }).await;
     assert_eq!(empty.err().map(|s| s.code()), Some(Code::InvalidArgument));
+    planner.abort();
+}
+
+/// A planner over `discovery` and `llm`, and a client once it answers.
+async fn start_planner(
+    config: PlannerConfig,
+) -> (tokio::task::JoinHandle<anyhow::Result<()>>, PlannerServiceClient<tonic::transport::Channel>) {
+    let listener = bind_local().await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
+    loop {
+        match PlannerServiceClient::connect(format!("http://{addr}")).await {
+            Ok(c) => return (planner, c),
+            Err(_) if !planner.is_finished() => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            Err(e) => panic!("planner did not start: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degraded_agents_are_offered_and_inactive_ones_are_named_in_a_zero_step_reason() {
+    let Some(db) = TestDatabase::new(Backend::Sqlite).await else { return };
+    // Degraded after 3 missed intervals (1.5 s), inactive after 6 (3 s).
+    let discovery = spawn_discovery(DiscoveryConfig {
+        database_url: db.url.clone(),
+        heartbeat_interval_secs: 0.5,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    register(
+        &discovery.url(),
+        json!({"id": "clock", "base_url": "http://c:1", "skills": [
+        {"id": "now", "description": "The current time in a time zone"}]}),
+    )
+    .await;
+    register(&discovery.url(), json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
+        {"id": "get_current_weather", "description": "Current weather for a location",
+         "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]})).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3300)).await;
+    // The weather agent is back, but says it is struggling; the clock is gone.
+    let r = agentmesh_testkit::http_client()
+        .post(format!("{}/api/v1/agents/weather-tool-v2/heartbeat", discovery.url()))
+        .json(&json!({"status": "degraded"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap_or_default());
+
+    let llm = ScriptedLlmServer::start(vec![ScriptedReply::openai_content(
+        r#"{"reasoning": "no listed tool tells the time.", "steps": []}"#,
+    )])
+    .await
+    .unwrap();
+    let (planner, mut client) = start_planner(PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: "openai:scripted-model".into(),
+        llm_base_url: Some(llm.url()),
+        llm_structured: "json_schema".into(),
+        ..Default::default()
+    })
+    .await;
+    let response = client
+        .create_plan(pb::CreatePlanRequest { query: "What time is it in Tokyo?".into(), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    let offered = llm.requests()[0].body["response_format"]["json_schema"]["schema"]["$defs"]["step1"].to_string();
+    assert!(offered.contains("weather-tool-v2"), "a degraded agent is offered: {offered}");
+    assert!(!offered.contains("clock"), "an inactive agent is not: {offered}");
+    assert_eq!(
+        response.zero_step_reason,
+        "no listed tool tells the time; 1 agent was left out as inactive (no recent heartbeat): clock; \
+         set include_unhealthy (`agentmesh plan --include-unhealthy`) to plan over it"
+    );
+    planner.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_names_the_provider_that_answered_and_long_queries_are_refused() {
+    let Some(db) = TestDatabase::new(Backend::Sqlite).await else { return };
+    let discovery =
+        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    register(&discovery.url(), json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
+        {"id": "get_current_weather", "description": "Current weather for a location",
+         "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]})).await;
+    let plan = json!({"reasoning": "look it up", "steps": [{"step_id": "s1", "agent": "weather-tool-v2",
+        "capability": "get_current_weather", "instruction": "Chicago weather", "parameters": {"location": "Chicago"}, "depends_on": []}]});
+    // Anthropic is overloaded; the OpenAI-compatible server behind it answers.
+    let llm = ScriptedLlmServer::start(vec![
+        ScriptedReply::error(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+        ScriptedReply::openai_content(&plan.to_string()),
+    ])
+    .await
+    .unwrap();
+    let (planner, mut client) = start_planner(PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: "anthropic:sonnet,openai:scripted-model".into(),
+        llm_base_url: Some(llm.url()),
+        llm_structured: "json_schema".into(),
+        llm_retries: 0,
+        max_query_chars: 100,
+        ..Default::default()
+    })
+    .await;
+    let response = client
+        .create_plan(pb::CreatePlanRequest {
+            request_id: "req_chain".into(),
+            query: "Weather in Chicago?".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    let stats = response.stats.unwrap_or_default();
+    assert_eq!((stats.provider.as_str(), stats.model.as_str()), ("openai", "scripted-model"));
+    let interactions = client
+        .list_interactions(pb::ListInteractionsRequest { request_id: "req_chain".into() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .interactions;
+    let answered: Vec<(&str, &str)> = interactions.iter().map(|i| (i.provider.as_str(), i.model.as_str())).collect();
+    assert_eq!(answered, [("openai", "scripted-model")]);
+
+    let long = client.create_plan(pb::CreatePlanRequest { query: "x".repeat(101), ..Default::default() }).await;
+    let status = long.err().unwrap_or_else(|| panic!("a 101-character query was planned"));
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("max_query_chars"), "{}", status.message());
     planner.abort();
 }

@@ -253,6 +253,7 @@ impl LlmProvider for InstantLlm {
             structured_mode: Some(StructuredMode::JsonSchema),
             usage: Usage::default(),
             latency: started.elapsed(),
+            truncated: false,
         })
     }
 }
@@ -308,7 +309,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     let mut fetches = Latencies::default();
     for i in 0..args.grpc_iterations + args.grpc_iterations / 10 {
         let t0 = Instant::now();
-        let fetched = agentmesh_planner::catalog::fetch(&mut discovery_client, &[], false, "bench").await?;
+        let fetched = agentmesh_planner::catalog::fetch(&mut discovery_client, &[], false, "bench").await?.capabilities;
         let took = t0.elapsed();
         anyhow::ensure!(fetched.len() == n, "discovery returned {} capabilities, not {n}", fetched.len());
         if i >= args.grpc_iterations / 10 {
