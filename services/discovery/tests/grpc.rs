@@ -358,8 +358,39 @@ async fn a_heartbeat_stales_only_the_bodies_that_show_its_agent(backend: Backend
     assert_eq!(ids, ["weather-tool-a"], "b reported itself degraded");
 }
 
+/// An answer naming no agent is shared like the others, but only for one
+/// heartbeat interval, and never after an agent it would show registers.
+async fn empty_answers_expire_and_follow_registrations(backend: Backend) {
+    let Some(ctx) = Ctx::start_with(backend, |c| c.heartbeat_interval_secs = 0.5).await else { return };
+    let mut c = client(&ctx).await;
+    let late = || pb::ListCapabilitiesRequest { agent_ids: vec!["weather-tool-late".into()], ..Default::default() };
+    let shared = async || ctx.metric("agentmesh_discovery_encoded_response_hits_total").await;
+    let mut ask = async |request: pb::ListCapabilitiesRequest| {
+        c.list_capabilities(request).await.unwrap_or_else(|e| panic!("{e}")).into_inner()
+    };
+    assert!(ask(late()).await.capabilities.is_empty());
+    assert!(ask(late()).await.capabilities.is_empty());
+    let before = shared().await;
+    assert!(before >= 1.0, "the empty answer was shared");
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(ask(late()).await.capabilities.is_empty());
+    assert_eq!(shared().await, before, "an empty answer older than a heartbeat interval is rebuilt");
+
+    assert!(ask(late()).await.capabilities.is_empty());
+    let mut writer = client(&ctx).await;
+    writer
+        .register_agent(pb::RegisterAgentRequest { agent: Some(weather_agent("weather-tool-late")) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let found = ask(late()).await;
+    let ids: Vec<&str> = found.capabilities.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["weather-tool-late"], "the registration shows at once");
+}
+
 agentmesh_testkit::both_backends!(
     a_heartbeat_stales_only_the_bodies_that_show_its_agent,
+    empty_answers_expire_and_follow_registrations,
     shared_answers_follow_heartbeats_writes_and_health,
     rpc_lifecycle,
     invalid_registration_has_field_details,
