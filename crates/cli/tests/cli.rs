@@ -113,6 +113,25 @@ fn configuration_layers_defaults_file_environment_and_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn watch_stream_limit_is_configured_like_the_other_limits() {
+    let print = |value: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
+        command.args(["serve", "discovery", "--print-config"]).env_remove("AGENTMESH_CONFIG");
+        if let Some(value) = value {
+            command.env("AGENTMESH_DISCOVERY__MAX_WATCH_STREAMS", value);
+        }
+        command.output().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let default = print(None);
+    assert!(String::from_utf8_lossy(&default.stdout).contains("max_watch_streams = 256"), "{default:?}");
+    let set = print(Some("8"));
+    assert!(String::from_utf8_lossy(&set.stdout).contains("max_watch_streams = 8"), "{set:?}");
+    let zero = print(Some("0"));
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("max_watch_streams must be at least 1"), "{zero:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_and_interactions_commands_talk_to_a_running_planner() {
     use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};

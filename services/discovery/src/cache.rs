@@ -14,7 +14,7 @@ use agentmesh_core::{AgentRecord, ReportedStatus};
 use agentmesh_store::{AgentStore, StoreError};
 
 use crate::metrics::Metrics;
-pub use crate::snapshot::{Encoded, Snapshot};
+pub use crate::snapshot::{Encoded, Observed, Snapshot};
 use crate::snapshot::{Patch, coalesce, replay_heartbeats};
 
 /// `snapshot` with `patches` applied: registrations and removals in one

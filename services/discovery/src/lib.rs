@@ -15,6 +15,7 @@ pub mod registry;
 pub mod render;
 pub mod rest;
 pub mod snapshot;
+pub mod watch_catalog;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,6 +54,8 @@ pub struct DiscoveryConfig {
     pub request_timeout_secs: f64,
     /// Requests handled at once; more wait for a slot.
     pub max_concurrent_requests: usize,
+    /// `WatchCatalog` streams open at once; more are refused with `RESOURCE_EXHAUSTED`.
+    pub max_watch_streams: usize,
 }
 
 impl Default for DiscoveryConfig {
@@ -65,6 +68,7 @@ impl Default for DiscoveryConfig {
             max_request_bytes: 1024 * 1024,
             request_timeout_secs: 30.0,
             max_concurrent_requests: 10_000,
+            max_watch_streams: 256,
         }
     }
 }
@@ -89,6 +93,7 @@ impl DiscoveryConfig {
             self.request_timeout_secs
         );
         anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        anyhow::ensure!(self.max_watch_streams >= 1, "max_watch_streams must be at least 1");
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
@@ -160,7 +165,7 @@ async fn router(
     health_reporter.set_service_status(SERVICE_NAME, ServingStatus::Serving).await;
     tokio::spawn(mirror_store_health(registry.store_healthy(), health_reporter, stop));
 
-    let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone()));
+    let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone(), config.max_watch_streams));
     let server =
         DiscoveryServiceServer::from_arc(discovery.clone()).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?

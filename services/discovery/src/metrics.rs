@@ -27,6 +27,8 @@ pub struct Metrics {
     pub filter_usage: IntCounterVec,
     /// Registry writes by operation and result.
     pub writes: IntCounterVec,
+    /// `WatchCatalog` streams open.
+    pub watch_streams: IntGauge,
 }
 
 impl Metrics {
@@ -63,6 +65,7 @@ impl Metrics {
             Opts::new("agentmesh_discovery_writes_total", "Registrations, heartbeats and removals"),
             &["operation", "result"],
         )?;
+        let watch_streams = IntGauge::new("agentmesh_discovery_watch_streams", "WatchCatalog streams open")?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(cache_hits.clone()))?;
@@ -73,6 +76,7 @@ impl Metrics {
         registry.register(Box::new(encoded_hits.clone()))?;
         registry.register(Box::new(filter_usage.clone()))?;
         registry.register(Box::new(writes.clone()))?;
+        registry.register(Box::new(watch_streams.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -85,6 +89,7 @@ impl Metrics {
             encoded_hits,
             filter_usage,
             writes,
+            watch_streams,
         })
     }
 

@@ -58,6 +58,18 @@ impl Liveness {
     }
 }
 
+/// An agent as a snapshot holds it (shared, not copied), with its health
+/// and last heartbeat when it was read.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The stored agent.
+    pub record: Arc<AgentRecord>,
+    /// Its derived health.
+    pub health: HealthStatus,
+    /// Its last heartbeat, heartbeats applied in place included.
+    pub last_heartbeat: DateTime<Utc>,
+}
+
 /// A change to apply to a snapshot.
 #[derive(Debug, Clone)]
 pub(crate) enum Patch {
@@ -309,6 +321,21 @@ impl Snapshot {
             let (at, reported) = self.live(i);
             (record.as_ref(), policy.derive(at, reported, now), at)
         })
+    }
+
+    /// Every agent in id order, sharing the snapshot's records, with its
+    /// health at `now` and last heartbeat.
+    pub fn observed_shared(&self, policy: HealthPolicy, now: DateTime<Utc>) -> Vec<Observed> {
+        (0..self.agents.len())
+            .map(|i| {
+                let (at, reported) = self.live(i);
+                Observed {
+                    record: self.agents[i].clone(),
+                    health: policy.derive(at, reported, now),
+                    last_heartbeat: at,
+                }
+            })
+            .collect()
     }
 
     fn index(&self) -> &CatalogIndex {
