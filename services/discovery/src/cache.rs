@@ -169,7 +169,11 @@ impl CatalogCache {
         }
         let held = self.current().filter(|c| c.generation == generation);
         let mut agents = match self.store.list().await {
-            Ok(agents) => agents,
+            Ok(loaded) => {
+                // Each is logged by the store, with what is wrong.
+                self.metrics.corrupt_rows.inc_by(u64::try_from(loaded.corrupt.len()).unwrap_or(u64::MAX));
+                loaded.agents
+            }
             Err(e) => {
                 self.take_pending();
                 self.set_failed(true);

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     /// `WatchCatalog` streams open.
     pub watch_streams: IntGauge,
+    /// Stored agents left out of a read because their rows could not be decoded.
+    pub corrupt_rows: IntCounter,
 }
 
 impl Metrics {
@@ -66,6 +68,10 @@ impl Metrics {
             &["operation", "result"],
         )?;
         let watch_streams = IntGauge::new("agentmesh_discovery_watch_streams", "WatchCatalog streams open")?;
+        let corrupt_rows = IntCounter::new(
+            "agentmesh_discovery_corrupt_rows_total",
+            "Stored agents left out of a catalog read because their rows could not be decoded",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(cache_hits.clone()))?;
@@ -77,6 +83,7 @@ impl Metrics {
         registry.register(Box::new(filter_usage.clone()))?;
         registry.register(Box::new(writes.clone()))?;
         registry.register(Box::new(watch_streams.clone()))?;
+        registry.register(Box::new(corrupt_rows.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -90,6 +97,7 @@ impl Metrics {
             filter_usage,
             writes,
             watch_streams,
+            corrupt_rows,
         })
     }
 

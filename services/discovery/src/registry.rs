@@ -319,7 +319,12 @@ impl Registry {
         let mut fetched: HashMap<String, AgentRecord> = HashMap::new();
         if !need.is_empty() {
             match self.store.get_many(&need).await {
-                Ok(agents) => fetched = agents.into_iter().map(|a| (a.id().to_owned(), a)).collect(),
+                Ok(loaded) => {
+                    // Left out like a full load leaves them out: the agent
+                    // is taken out of the snapshot below.
+                    self.metrics.corrupt_rows.inc_by(u64::try_from(loaded.corrupt.len()).unwrap_or(u64::MAX));
+                    fetched = loaded.agents.into_iter().map(|a| (a.id().to_owned(), a)).collect();
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, agents = need.len(), "could not read changed agents; reloading the catalog");
                     self.cache.invalidate();
