@@ -36,9 +36,16 @@ pub enum StoreError {
     /// A stored row could not be decoded.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    /// The database URL names no supported backend.
-    #[error("unsupported database url `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
+    /// The database URL names no supported backend (its scheme is kept, not
+    /// the URL, which may hold a password).
+    #[error("unsupported database url scheme `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
     UnsupportedUrl(String),
+}
+
+impl StoreError {
+    fn unsupported(url: &str) -> Self {
+        Self::UnsupportedUrl(url.split(':').next().unwrap_or_default().to_owned())
+    }
 }
 
 /// Result alias of the store.
@@ -163,7 +170,7 @@ async fn open(url: &str) -> StoreResult<Opened> {
     } else if url.starts_with("sqlite:") {
         Ok(Opened::Sqlite(SqliteStore::connect(url).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::unsupported(url))
     }
 }
 
@@ -195,7 +202,7 @@ pub async fn connect_executions(url: &str) -> StoreResult<Arc<dyn ExecutionStore
     } else if url.starts_with("sqlite:") {
         Arc::new(SqliteExecutions::connect(url).await?)
     } else {
-        return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        return Err(StoreError::unsupported(url));
     };
     Ok(Arc::new(traced::TracedExecutions(store)))
 }
