@@ -56,6 +56,64 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
     Ok(config)
 }
 
+/// The configuration as `--print-config` shows it: every URL (a key ending
+/// in `url` or `endpoint`) without its password or keys, and every value
+/// whose key names a secret (`password`, `token`, `secret`, `…_key`)
+/// replaced by `***`.
+pub fn printable(config: &Config) -> anyhow::Result<String> {
+    let mut value = toml::Value::try_from(config).context("printing config")?;
+    hide_secrets(&mut value, "");
+    toml::to_string_pretty(&value).context("printing config")
+}
+
+fn hide_secrets(value: &mut toml::Value, key: &str) {
+    match value {
+        toml::Value::Table(table) => {
+            for (key, value) in table.iter_mut() {
+                hide_secrets(value, key);
+            }
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(|item| hide_secrets(item, key)),
+        toml::Value::String(text) if names_a_secret(key) => "***".clone_into(text),
+        toml::Value::String(text) if key.ends_with("url") || key.ends_with("endpoint") => {
+            *text = agentmesh_discovery::redact(text);
+        }
+        _ => {}
+    }
+}
+
+/// `api_key`, `password`, `auth_token`…, but not `max_tokens` or `keys`.
+fn names_a_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    let words: Vec<&str> = key.split(['_', '-']).collect();
+    words.last() == Some(&"key")
+        || words.iter().any(|w| matches!(*w, "password" | "passwd" | "secret" | "token" | "apikey"))
+}
+
+/// A command-line value that may hold a password (a database or server
+/// URL): `Debug` shows it redacted.
+#[derive(Clone)]
+pub struct SecretUrl(String);
+
+impl From<String> for SecretUrl {
+    fn from(url: String) -> Self {
+        Self(url)
+    }
+}
+
+impl SecretUrl {
+    /// The URL as given.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&agentmesh_discovery::redact(&self.0), f)
+    }
+}
+
 fn push<T: Serialize>(out: &mut Vec<Override>, key: &'static str, value: Option<T>) {
     if let Some(value) = value
         && let Ok(value) = figment::value::Value::serialize(value)
@@ -125,7 +183,7 @@ pub struct DiscoveryArgs {
     pub listen: Option<SocketAddr>,
     /// `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB` [default: sqlite://agentmesh.db].
     #[arg(long)]
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretUrl>,
     /// Expected seconds between agent heartbeats [default: 10].
     #[arg(long)]
     pub heartbeat_interval_secs: Option<f64>,
@@ -142,7 +200,7 @@ impl DiscoveryArgs {
     pub fn overrides(&self) -> Vec<Override> {
         let mut out = Vec::new();
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "discovery.database_url", self.database_url.clone());
+        push(&mut out, "discovery.database_url", self.database_url.as_ref().map(SecretUrl::expose));
         push(&mut out, "discovery.heartbeat_interval_secs", self.heartbeat_interval_secs);
         push(&mut out, "discovery.cache_ttl_secs", self.cache_ttl_secs);
         out
@@ -162,7 +220,7 @@ pub struct UpArgs {
     pub llm: Option<String>,
     /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
     #[arg(long)]
-    pub llm_base_url: Option<String>,
+    pub llm_base_url: Option<SecretUrl>,
     /// Directory holding the embedded SQLite registry.
     #[arg(long, default_value = ".agentmesh")]
     pub data_dir: PathBuf,
@@ -189,7 +247,7 @@ impl UpArgs {
         }
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
         push(&mut out, "planner.llm", self.llm.clone());
-        push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
+        push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
         Ok(out)
     }
 }
@@ -205,7 +263,7 @@ pub struct PlannerArgs {
     pub discovery: Option<String>,
     /// Database of the interaction log [default: sqlite://agentmesh.db].
     #[arg(long)]
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretUrl>,
     /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
     /// gemini, ollama, vllm, llamacpp (any OpenAI-compatible server, with
     /// --llm-base-url) or `replay:FILE`. Keys come from OPENAI_API_KEY,
@@ -214,7 +272,7 @@ pub struct PlannerArgs {
     pub llm: Option<String>,
     /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
     #[arg(long)]
-    pub llm_base_url: Option<String>,
+    pub llm_base_url: Option<SecretUrl>,
     /// Structured output: auto, json_schema, json_object, tool or none [default: auto].
     #[arg(long)]
     pub llm_structured: Option<String>,
@@ -244,9 +302,9 @@ impl PlannerArgs {
         let mut out = Vec::new();
         push(&mut out, "planner.listen", self.listen.map(|a| a.to_string()));
         push(&mut out, "planner.discovery_url", self.discovery.clone());
-        push(&mut out, "planner.database_url", self.database_url.clone());
+        push(&mut out, "planner.database_url", self.database_url.as_ref().map(SecretUrl::expose));
         push(&mut out, "planner.llm", self.llm.clone());
-        push(&mut out, "planner.llm_base_url", self.llm_base_url.clone());
+        push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
         push(&mut out, "planner.llm_structured", self.llm_structured.clone());
         push(&mut out, "planner.health_check_interval_secs", self.health_check_interval_secs);
         push(&mut out, "planner.llm_timeout_secs", self.llm_timeout);
@@ -274,7 +332,7 @@ pub struct ExecutorArgs {
     /// Where executions are stored: `sqlite://PATH` or `postgres://…` (replicas
     /// sharing PostgreSQL share the work) [default: sqlite://agentmesh.db].
     #[arg(long)]
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretUrl>,
     /// Steps of one execution running at once [default: 16].
     #[arg(long)]
     pub max_concurrency: Option<u32>,
@@ -299,11 +357,48 @@ impl ExecutorArgs {
         push(&mut out, "executor.listen", self.listen.map(|a| a.to_string()));
         push(&mut out, "executor.discovery_url", self.discovery.clone());
         push(&mut out, "executor.planner_url", self.planner.clone());
-        push(&mut out, "executor.database_url", self.database_url.clone());
+        push(&mut out, "executor.database_url", self.database_url.as_ref().map(SecretUrl::expose));
         push(&mut out, "executor.max_concurrency", self.max_concurrency);
         push(&mut out, "executor.step_timeout_ms", self.step_timeout_ms);
         push(&mut out, "executor.max_retries", self.max_retries);
         push(&mut out, "executor.lease_secs", self.lease_secs);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_holding_urls_show_redacted_in_debug() {
+        let args = DiscoveryArgs {
+            listen: None,
+            database_url: Some(SecretUrl::from("postgres://u:hunter2@db/agentmesh".to_owned())),
+            heartbeat_interval_secs: None,
+            cache_ttl_secs: None,
+            print_config: false,
+        };
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("postgres://u:***@db/agentmesh"), "{shown}");
+        let overrides = format!("{:?}", args.overrides());
+        assert!(overrides.contains("hunter2"), "the flag's value itself is passed on whole: {overrides}");
+    }
+
+    #[test]
+    fn printed_configuration_hides_secrets_by_key() {
+        let mut config = Config::default();
+        config.planner.llm_base_url = Some("https://u:hunter2@llm/v1?key=hunter3".into());
+        config.telemetry.otlp_endpoint = Some("https://u:hunter4@collector:4318".into());
+        let printed = printable(&config).unwrap_or_default();
+        assert!(!printed.contains("hunter"), "{printed}");
+        assert!(printed.contains("llm_base_url = \"https://u:***@llm/v1?key=***\""), "{printed}");
+        for key in ["api_key", "password", "auth_token", "client_secret", "OPENAI_API_KEY"] {
+            assert!(names_a_secret(key), "{key}");
+        }
+        for key in ["max_tokens", "keys", "keyword", "llm", "database_url"] {
+            assert!(!names_a_secret(key), "{key}");
+        }
     }
 }

@@ -145,12 +145,12 @@ async fn main() -> std::process::ExitCode {
         Err(e) => return fail(&e),
     };
     if cli.command.prints_config() {
-        return match toml::to_string_pretty(&config) {
+        return match config::printable(&config) {
             Ok(text) => {
                 println!("{text}");
                 std::process::ExitCode::SUCCESS
             }
-            Err(e) => fail(&anyhow::Error::new(e).context("printing config")),
+            Err(e) => fail(&e),
         };
     }
     let telemetry = match agentmesh_telemetry::init(cli.command.service_name(), &config.telemetry) {

@@ -113,6 +113,75 @@ fn configuration_layers_defaults_file_environment_and_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn watch_stream_limit_is_configured_like_the_other_limits() {
+    let print = |value: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
+        command.args(["serve", "discovery", "--print-config"]).env_remove("AGENTMESH_CONFIG");
+        if let Some(value) = value {
+            command.env("AGENTMESH_DISCOVERY__MAX_WATCH_STREAMS", value);
+        }
+        command.output().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let default = print(None);
+    assert!(String::from_utf8_lossy(&default.stdout).contains("max_watch_streams = 256"), "{default:?}");
+    let set = print(Some("8"));
+    assert!(String::from_utf8_lossy(&set.stdout).contains("max_watch_streams = 8"), "{set:?}");
+    let zero = print(Some("0"));
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("max_watch_streams must be at least 1"), "{zero:?}");
+}
+
+#[test]
+fn printed_configuration_and_errors_hide_passwords_and_keys() {
+    let dir = std::env::temp_dir().join(format!("agentmesh-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.join("agentmesh.toml");
+    std::fs::write(
+        &file,
+        "[planner]\ndatabase_url = \"postgres://planner:hunter2-file@db.internal/agentmesh\"\n\
+         llm_base_url = \"https://llm:hunter2-llm@llm.internal/v1?key=hunter2-key\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+            .arg("--config")
+            .arg(&file)
+            .args(args)
+            .env("AGENTMESH_EXECUTOR__DATABASE_URL", "postgres://executor@db.internal/agentmesh?password=hunter2-env")
+            .env("OPENAI_API_KEY", "sk-hunter2-openai")
+            .env("ANTHROPIC_API_KEY", "sk-ant-hunter2")
+            .env_remove("AGENTMESH_CONFIG")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let flag = "postgres://discovery:hunter2-flag@db.internal/agentmesh";
+    for args in [
+        &["serve", "discovery", "--database-url", flag, "--print-config"][..],
+        &["serve", "planner", "--llm", "openai:gpt-4o,anthropic:sonnet", "--print-config"],
+        &["up", "--llm", "openai:gpt-4o", "--data-dir", &dir.join("data").to_string_lossy(), "--print-config"],
+    ] {
+        let output = run(args);
+        let (out, err) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{args:?}: {err}");
+        assert!(!out.contains("hunter2") && !err.contains("hunter2"), "{args:?} printed a secret:\n{out}{err}");
+    }
+    let output = run(&["serve", "discovery", "--database-url", flag, "--print-config"]);
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(out.contains("database_url = \"postgres://discovery:***@db.internal/agentmesh\""), "{out}");
+    assert!(out.contains("database_url = \"postgres://executor@db.internal/agentmesh?password=***\""), "{out}");
+    assert!(out.contains("llm_base_url = \"https://llm:***@llm.internal/v1?key=***\""), "{out}");
+
+    // Refused URLs are named without their password too.
+    for url in ["mysql://discovery:hunter2-refused@db.internal/agentmesh", "postgresx://discovery:hunter2-refused@db"] {
+        let output = run(&["serve", "discovery", "--listen", "127.0.0.1:0", "--database-url", url]);
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{url} was accepted");
+        assert!(!err.contains("hunter2") && !String::from_utf8_lossy(&output.stdout).contains("hunter2"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_and_interactions_commands_talk_to_a_running_planner() {
     use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};

@@ -25,9 +25,14 @@ use tokio::net::TcpListener;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 
-/// A database URL with its password replaced by `***`, for logs and
-/// printed configuration: the user-info password and a `password=` query
-/// parameter alike.
+/// Query parameters that carry a secret: libpq's passwords, and the API
+/// keys and tokens some services take in the URL.
+const SECRET_PARAMETERS: [&str; 9] =
+    ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
+
+/// A URL with its secrets replaced by `***`, for logs and printed
+/// configuration: the user-info password, and query parameters such as
+/// `password=` or `key=` alike.
 pub fn redact(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
@@ -46,7 +51,9 @@ pub fn redact(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                    Some((key, _)) if SECRET_PARAMETERS.iter().any(|s| key.eq_ignore_ascii_case(s)) => {
+                        format!("{key}=***")
+                    }
                     _ => pair.to_owned(),
                 })
                 .collect();
@@ -84,5 +91,10 @@ mod tests {
             "postgres://u@h/db?sslmode=off&password=***"
         );
         assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db?SSLPassword=secret"), "postgres://u@h/db?SSLPassword=***");
+        assert_eq!(
+            redact("https://u:secret@llm.internal/v1?key=secret&model=m&access_token=secret"),
+            "https://u:***@llm.internal/v1?key=***&model=m&access_token=***"
+        );
     }
 }

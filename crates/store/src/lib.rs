@@ -36,9 +36,16 @@ pub enum StoreError {
     /// A stored row could not be decoded.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    /// The database URL names no supported backend.
-    #[error("unsupported database url `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
+    /// The database URL names no supported backend (its scheme is kept, not
+    /// the URL, which may hold a password).
+    #[error("unsupported database url scheme `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
     UnsupportedUrl(String),
+}
+
+impl StoreError {
+    fn unsupported(url: &str) -> Self {
+        Self::UnsupportedUrl(url.split(':').next().unwrap_or_default().to_owned())
+    }
 }
 
 /// Result alias of the store.
@@ -51,6 +58,34 @@ pub struct Registered {
     pub record: AgentRecord,
     /// True when the id was new.
     pub created: bool,
+}
+
+/// Agents read in bulk, and the stored agents left out of them because
+/// their rows could not be decoded.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The agents read, ordered by id.
+    pub agents: Vec<AgentRecord>,
+    /// The agents left out.
+    pub corrupt: Vec<CorruptAgent>,
+}
+
+/// A stored agent that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptAgent {
+    /// Its id, unless the id itself could not be read.
+    pub agent_id: Option<String>,
+    /// What is wrong: the column or capability, and why.
+    pub reason: String,
+}
+
+impl std::fmt::Display for CorruptAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.agent_id {
+            Some(id) => write!(f, "agent `{id}`: {}", self.reason),
+            None => write!(f, "an agent row whose id cannot be read: {}", self.reason),
+        }
+    }
 }
 
 /// A change to the catalog, as seen by every replica.
@@ -104,13 +139,17 @@ pub trait AgentStore: Send + Sync + 'static {
     ) -> StoreResult<Option<AgentRecord>>;
     /// Removes an agent; false when it was unknown.
     async fn deregister(&self, agent_id: &str) -> StoreResult<bool>;
-    /// One agent by exact id.
+    /// One agent by exact id ([`StoreError::Corrupt`] when its rows cannot
+    /// be decoded).
     async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>>;
     /// Several agents by exact id, in one query per 500 ids; unknown ids are
-    /// left out.
-    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>>;
-    /// Every agent with its capabilities, ordered by id, in one query.
-    async fn list(&self) -> StoreResult<Vec<AgentRecord>>;
+    /// left out, and so are agents whose rows cannot be decoded (listed in
+    /// [`Loaded::corrupt`]).
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Loaded>;
+    /// Every agent with its capabilities, ordered by id, in one query; an
+    /// agent whose rows cannot be decoded is left out and listed in
+    /// [`Loaded::corrupt`].
+    async fn list(&self) -> StoreResult<Loaded>;
     /// Checks that the database answers.
     async fn ping(&self) -> StoreResult<()>;
     /// Subscribes to catalog changes made by any replica sharing the database.
@@ -131,7 +170,7 @@ async fn open(url: &str) -> StoreResult<Opened> {
     } else if url.starts_with("sqlite:") {
         Ok(Opened::Sqlite(SqliteStore::connect(url).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::unsupported(url))
     }
 }
 
@@ -163,7 +202,7 @@ pub async fn connect_executions(url: &str) -> StoreResult<Arc<dyn ExecutionStore
     } else if url.starts_with("sqlite:") {
         Arc::new(SqliteExecutions::connect(url).await?)
     } else {
-        return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        return Err(StoreError::unsupported(url));
     };
     Ok(Arc::new(traced::TracedExecutions(store)))
 }

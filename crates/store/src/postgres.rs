@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::interactions::{InteractionLog, InteractionRecord, Retention};
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
-use crate::{AgentStore, CatalogChange, NOTIFY_CHANNEL, Registered, StoreResult};
+use crate::{AgentStore, CatalogChange, Loaded, NOTIFY_CHANNEL, Registered, StoreResult};
 
 /// Agent registry on PostgreSQL.
 pub struct PostgresStore {
@@ -228,22 +228,22 @@ impl AgentStore for PostgresStore {
             .bind(agent_id)
             .fetch_all(&self.pool)
             .await?;
-        Ok(decode_agents(&rows)?.pop())
+        decode_agents(&rows).single()
     }
 
-    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
-        let mut agents = Vec::new();
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Loaded> {
+        let mut loaded = Loaded::default();
         for chunk in agent_ids.chunks(500) {
             let rows = sqlx::query(concat!(select_agents!(), " WHERE a.id = ANY($1) ORDER BY a.id, c.position"))
                 .bind(chunk)
                 .fetch_all(&self.pool)
                 .await?;
-            agents.extend(decode_agents(&rows)?);
+            loaded.extend(decode_agents(&rows));
         }
-        Ok(agents)
+        Ok(loaded)
     }
 
-    async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
+    async fn list(&self) -> StoreResult<Loaded> {
         let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
         collect_agents(rows).await
     }

@@ -1,5 +1,6 @@
 //! Decoding of the one query that reads agents with their capabilities,
-//! shared by both backends.
+//! shared by both backends. An agent whose rows do not decode is left out
+//! (and logged) rather than failing the whole read.
 
 use agentmesh_core::{
     AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, ReportedStatus, Transport,
@@ -7,7 +8,7 @@ use agentmesh_core::{
 use serde::de::DeserializeOwned;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::{StoreError, StoreResult, from_ms};
+use crate::{CorruptAgent, Loaded, StoreError, StoreResult, from_ms};
 
 /// Agents joined with their capabilities; callers append WHERE and must
 /// order by `a.id` then `c.position`. A macro so that `concat!` keeps every
@@ -28,13 +29,14 @@ pub(crate) use select_agents;
 pub(crate) const CAPABILITY_COLUMNS: &str =
     "agent_id, id, kind, position, description, tags, input_schema, output_schema, examples, endpoint, internal";
 
+/// One column of a row; a value that does not decode makes the row corrupt.
 fn get<'r, R, T>(row: &'r R, column: &'static str) -> StoreResult<T>
 where
     R: Row,
     &'static str: ColumnIndex<R>,
     T: Decode<'r, R::Database> + Type<R::Database>,
 {
-    row.try_get(column).map_err(StoreError::from)
+    row.try_get(column).map_err(|e| StoreError::Corrupt(format!("column {column}: {e}")))
 }
 
 fn json<T: DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
@@ -68,8 +70,9 @@ fn deployment(value: &str) -> StoreResult<DeploymentType> {
     }
 }
 
-/// Groups joined rows (ordered by agent id, then capability position) into agents.
-pub(crate) fn decode_agents<R>(rows: &[R]) -> StoreResult<Vec<AgentRecord>>
+/// Groups joined rows (ordered by agent id, then capability position) into
+/// agents, leaving out those whose rows cannot be decoded.
+pub(crate) fn decode_agents<R>(rows: &[R]) -> Loaded
 where
     R: Row,
     &'static str: ColumnIndex<R>,
@@ -78,15 +81,16 @@ where
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let mut agents = Vec::new();
+    let mut decoder = Decoder::default();
     for row in rows {
-        push_row(&mut agents, row)?;
+        decoder.push(row);
     }
-    Ok(agents)
+    decoder.loaded
 }
 
-/// Streams joined rows into agents, one row in memory at a time.
-pub(crate) async fn collect_agents<'e, R, S>(mut rows: S) -> StoreResult<Vec<AgentRecord>>
+/// Streams joined rows into agents, one row in memory at a time, leaving
+/// out those whose rows cannot be decoded. Fails only when the database does.
+pub(crate) async fn collect_agents<'e, R, S>(mut rows: S) -> StoreResult<Loaded>
 where
     S: futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin + 'e,
     R: Row,
@@ -97,20 +101,85 @@ where
     for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
 {
     use futures_util::TryStreamExt;
-    let mut agents = Vec::new();
+    let mut decoder = Decoder::default();
     while let Some(row) = rows.try_next().await? {
-        push_row(&mut agents, &row)?;
+        decoder.push(&row);
         // A full read decodes every capability of the catalog: let other
         // tasks on this worker run now and then (rows can arrive faster than
         // the stream ever has to wait).
         tokio::task::consume_budget().await;
     }
-    agents.shrink_to_fit();
-    Ok(agents)
+    decoder.loaded.agents.shrink_to_fit();
+    Ok(decoder.loaded)
 }
 
-/// Adds one joined row: a new agent, or a capability of the last one.
-fn push_row<R>(agents: &mut Vec<AgentRecord>, row: &R) -> StoreResult<()>
+impl Loaded {
+    /// Adds the agents of another read (of other ids).
+    pub(crate) fn extend(&mut self, other: Loaded) {
+        self.agents.extend(other.agents);
+        self.corrupt.extend(other.corrupt);
+    }
+
+    /// The one agent a read by id found: an error when it could not be decoded.
+    pub(crate) fn single(mut self) -> StoreResult<Option<AgentRecord>> {
+        match self.corrupt.pop() {
+            Some(corrupt) => Err(StoreError::Corrupt(corrupt.to_string())),
+            None => Ok(self.agents.pop()),
+        }
+    }
+}
+
+/// Builds agents from joined rows, one row at a time.
+#[derive(Default)]
+struct Decoder {
+    loaded: Loaded,
+    /// The agent being left out: its remaining rows are passed over.
+    skipping: Option<String>,
+}
+
+impl Decoder {
+    fn push<R>(&mut self, row: &R)
+    where
+        R: Row,
+        &'static str: ColumnIndex<R>,
+        for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        let id: String = match get(row, "id") {
+            Ok(id) => id,
+            Err(e) => return self.skip(None, e),
+        };
+        if self.skipping.as_ref() == Some(&id) {
+            return;
+        }
+        if let Err(e) = push_row(&mut self.loaded.agents, row, &id) {
+            // The agent may be half built from its earlier rows.
+            if self.loaded.agents.last().is_some_and(|a| a.definition.id == id) {
+                self.loaded.agents.pop();
+            }
+            self.skip(Some(id), e);
+        }
+    }
+
+    fn skip(&mut self, agent_id: Option<String>, error: StoreError) {
+        let reason = match error {
+            StoreError::Corrupt(reason) => reason,
+            other => other.to_string(),
+        };
+        tracing::error!(
+            agent_id = agent_id.as_deref().unwrap_or("(unreadable)"),
+            error = %reason,
+            "skipping a stored agent that cannot be read; registering it again rewrites it"
+        );
+        self.skipping.clone_from(&agent_id);
+        self.loaded.corrupt.push(CorruptAgent { agent_id, reason });
+    }
+}
+
+/// Adds one joined row of agent `id`: a new agent, or a capability of the last one.
+fn push_row<R>(agents: &mut Vec<AgentRecord>, row: &R, id: &str) -> StoreResult<()>
 where
     R: Row,
     &'static str: ColumnIndex<R>,
@@ -119,56 +188,69 @@ where
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    {
-        let id: String = get(row, "id")?;
-        if agents.last().is_none_or(|a| a.definition.id != id) {
-            let status: String = get(row, "reported_status")?;
-            agents.push(AgentRecord {
-                definition: AgentDefinition {
-                    base_url: get(row, "base_url")?,
-                    transport: transport(&get::<R, String>(row, "transport")?)?,
-                    version: get(row, "version")?,
-                    deployment_type: deployment(&get::<R, String>(row, "deployment_type")?)?,
-                    tags: json(&get::<R, String>(row, "tags")?, "agent tags")?,
-                    reasoners: Vec::new(),
-                    skills: Vec::new(),
-                    id,
-                },
-                registered_at: from_ms(get(row, "registered_at_ms")?),
-                updated_at: from_ms(get(row, "updated_at_ms")?),
-                last_heartbeat: from_ms(get(row, "last_heartbeat_ms")?),
-                reported_status: ReportedStatus::parse(&status)
-                    .ok_or_else(|| StoreError::Corrupt(format!("unknown reported status `{status}`")))?,
-            });
-        }
-        let Some(cap_id) = get::<R, Option<String>>(row, "cap_id")? else {
-            return Ok(());
-        };
-        let kind: String = get::<R, Option<String>>(row, "cap_kind")?.unwrap_or_default();
-        let schema = |column| -> StoreResult<Option<RawJson>> {
-            get::<R, Option<String>>(row, column)?
-                .map(|text| RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}"))))
-                .transpose()
-        };
-        let capability = Capability {
-            id: cap_id,
-            description: get::<R, Option<String>>(row, "cap_description")?.unwrap_or_default(),
-            tags: json(&get::<R, Option<String>>(row, "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
-            input_schema: schema("cap_input_schema")?,
-            output_schema: schema("cap_output_schema")?,
-            examples: raw_list(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
-            endpoint: get::<R, Option<String>>(row, "cap_endpoint")?.unwrap_or_default(),
-            internal: get::<R, Option<bool>>(row, "cap_internal")?.unwrap_or(false),
-        };
-        if let Some(agent) = agents.last_mut() {
-            match kind.as_str() {
-                "reasoner" => agent.definition.reasoners.push(capability),
-                "skill" => agent.definition.skills.push(capability),
-                other => return Err(StoreError::Corrupt(format!("unknown capability kind `{other}`"))),
-            }
+    if agents.last().is_none_or(|a| a.definition.id != id) {
+        let status: String = get(row, "reported_status")?;
+        agents.push(AgentRecord {
+            definition: AgentDefinition {
+                base_url: get(row, "base_url")?,
+                transport: transport(&get::<R, String>(row, "transport")?)?,
+                version: get(row, "version")?,
+                deployment_type: deployment(&get::<R, String>(row, "deployment_type")?)?,
+                tags: json(&get::<R, String>(row, "tags")?, "agent tags")?,
+                reasoners: Vec::new(),
+                skills: Vec::new(),
+                id: id.to_owned(),
+            },
+            registered_at: from_ms(get(row, "registered_at_ms")?),
+            updated_at: from_ms(get(row, "updated_at_ms")?),
+            last_heartbeat: from_ms(get(row, "last_heartbeat_ms")?),
+            reported_status: ReportedStatus::parse(&status)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown reported status `{status}`")))?,
+        });
+    }
+    let Some(cap_id) = get::<R, Option<String>>(row, "cap_id")? else {
+        return Ok(());
+    };
+    let in_capability = |e: StoreError| match e {
+        StoreError::Corrupt(reason) => StoreError::Corrupt(format!("capability `{cap_id}`: {reason}")),
+        other => other,
+    };
+    let (kind, capability) = capability(row, cap_id.clone()).map_err(in_capability)?;
+    if let Some(agent) = agents.last_mut() {
+        match kind.as_str() {
+            "reasoner" => agent.definition.reasoners.push(capability),
+            "skill" => agent.definition.skills.push(capability),
+            other => return Err(in_capability(StoreError::Corrupt(format!("unknown capability kind `{other}`")))),
         }
     }
     Ok(())
+}
+
+/// The capability columns of a joined row, with its kind.
+fn capability<R>(row: &R, id: String) -> StoreResult<(String, Capability)>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let kind: String = get::<R, Option<String>>(row, "cap_kind")?.unwrap_or_default();
+    let schema = |column| -> StoreResult<Option<RawJson>> {
+        get::<R, Option<String>>(row, column)?
+            .map(|text| RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}"))))
+            .transpose()
+    };
+    let capability = Capability {
+        id,
+        description: get::<R, Option<String>>(row, "cap_description")?.unwrap_or_default(),
+        tags: json(&get::<R, Option<String>>(row, "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
+        input_schema: schema("cap_input_schema")?,
+        output_schema: schema("cap_output_schema")?,
+        examples: raw_list(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
+        endpoint: get::<R, Option<String>>(row, "cap_endpoint")?.unwrap_or_default(),
+        internal: get::<R, Option<bool>>(row, "cap_internal")?.unwrap_or(false),
+    };
+    Ok((kind, capability))
 }
 
 /// Capabilities of a definition with their kind and global position.

@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use crate::interactions::{InteractionLog, InteractionRecord, Retention};
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
-use crate::{AgentStore, CatalogChange, Registered, StoreResult, from_ms};
+use crate::{AgentStore, CatalogChange, Loaded, Registered, StoreResult, from_ms};
 
 /// Agent registry in a SQLite file (or in memory).
 pub struct SqliteStore {
@@ -198,11 +198,11 @@ impl AgentStore for SqliteStore {
             .bind(agent_id)
             .fetch_all(&self.pool)
             .await?;
-        Ok(decode_agents(&rows)?.pop())
+        decode_agents(&rows).single()
     }
 
-    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
-        let mut agents = Vec::new();
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Loaded> {
+        let mut loaded = Loaded::default();
         for chunk in agent_ids.chunks(500) {
             let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(concat!(select_agents!(), " WHERE a.id IN ("));
             let mut ids = query.separated(", ");
@@ -211,12 +211,12 @@ impl AgentStore for SqliteStore {
             }
             query.push(") ORDER BY a.id, c.position");
             let rows = query.build().fetch_all(&self.pool).await?;
-            agents.extend(decode_agents(&rows)?);
+            loaded.extend(decode_agents(&rows));
         }
-        Ok(agents)
+        Ok(loaded)
     }
 
-    async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
+    async fn list(&self) -> StoreResult<Loaded> {
         let rows = sqlx::query(concat!(select_agents!(), " ORDER BY a.id, c.position")).fetch(&self.pool);
         collect_agents(rows).await
     }

@@ -17,7 +17,7 @@ use tracing::field::Empty;
 use crate::executions::{
     Append, Created, EventRow, ExecutionFilter, ExecutionNotice, ExecutionRow, ExecutionStore, NewExecution,
 };
-use crate::{AgentStore, CatalogChange, InteractionLog, InteractionRecord, Registered, Retention, StoreResult};
+use crate::{AgentStore, CatalogChange, InteractionLog, InteractionRecord, Loaded, Registered, Retention, StoreResult};
 
 /// Runs one store call in a `db.system`/`db.operation` span; `rows` counts
 /// what it returned.
@@ -82,12 +82,12 @@ impl AgentStore for TracedAgentStore {
         in_span(self.0.backend(), "get_agent", self.0.get(agent_id), |r| usize::from(r.is_some())).await
     }
 
-    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Vec<AgentRecord>> {
-        in_span(self.0.backend(), "get_agents", self.0.get_many(agent_ids), Vec::len).await
+    async fn get_many(&self, agent_ids: &[String]) -> StoreResult<Loaded> {
+        in_span(self.0.backend(), "get_agents", self.0.get_many(agent_ids), |l| l.agents.len()).await
     }
 
-    async fn list(&self) -> StoreResult<Vec<AgentRecord>> {
-        in_span(self.0.backend(), "list_agents", self.0.list(), Vec::len).await
+    async fn list(&self) -> StoreResult<Loaded> {
+        in_span(self.0.backend(), "list_agents", self.0.list(), |l| l.agents.len()).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -60,7 +60,7 @@ async fn contract(backend: Backend) {
         CatalogChange::Updated { agent_id: "b-agent".into(), updated_at_ms: at(10).timestamp_millis() }
     );
 
-    let all = store.list().await.unwrap_or_else(|e| panic!("{e}"));
+    let all = store.list().await.unwrap_or_else(|e| panic!("{e}")).agents;
     assert_eq!(all.iter().map(|a| a.id()).collect::<Vec<_>>(), ["a-agent", "b-agent"]);
     let b = &all[1];
     assert_eq!(b.definition, definition("b-agent", &["z"]), "stored definition round-trips exactly");
@@ -72,7 +72,7 @@ async fn contract(backend: Backend) {
     let precise = at(20) + chrono::Duration::microseconds(123);
     let returned = store.register(&definition("c-agent", &["x"]), precise).await.unwrap_or_else(|e| panic!("{e}"));
     let _ = next_change(&mut changes).await;
-    let read = store.list().await.unwrap_or_else(|e| panic!("{e}"));
+    let read = store.list().await.unwrap_or_else(|e| panic!("{e}")).agents;
     assert_eq!(read.iter().find(|a| a.id() == "c-agent"), Some(&returned.record));
     assert!(store.deregister("c-agent").await.unwrap_or_else(|e| panic!("{e}")));
     let _ = next_change(&mut changes).await;
@@ -106,14 +106,17 @@ async fn contract(backend: Backend) {
     assert!(b.definition.skills.is_empty(), "old capabilities did not survive removal");
     assert_eq!(b.definition.reasoners.len(), 1);
     store.ping().await.unwrap_or_else(|e| panic!("{e}"));
-    let many =
-        store.get_many(&["b-agent".into(), "nobody".into(), "a-agent".into()]).await.unwrap_or_else(|e| panic!("{e}"));
+    let many = store
+        .get_many(&["b-agent".into(), "nobody".into(), "a-agent".into()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .agents;
     assert_eq!(many.iter().map(|a| a.id()).collect::<Vec<_>>(), ["a-agent", "b-agent"]);
     assert_eq!(many[1].definition.reasoners.len(), 1);
 
     // Migrations are idempotent: a second connection to the same database works.
     let again = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(again.list().await.unwrap_or_else(|e| panic!("{e}")).len(), 2);
+    assert_eq!(again.list().await.unwrap_or_else(|e| panic!("{e}")).agents.len(), 2);
 }
 
 #[tokio::test]
@@ -191,3 +194,85 @@ async fn sqlite_interaction_log() {
 async fn postgres_interaction_log() {
     interaction_log(Backend::Postgres).await;
 }
+
+/// Runs one statement on the test database behind the store's back, as a
+/// hand edit or a faulty tool would.
+async fn execute(db: &TestDatabase, backend: Backend, sql: &'static str) {
+    use sqlx::Connection;
+    match backend {
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+            sqlx::query(sql).execute(&mut conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        Backend::Postgres => {
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+            sqlx::query(sql).execute(&mut conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    }
+}
+
+/// A stored agent whose rows cannot be read is left out of bulk reads
+/// instead of failing them: every other agent still loads, whole.
+async fn corrupt_rows_are_skipped(backend: Backend) {
+    let Some(db) = TestDatabase::new(backend).await else { return };
+    let store = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let ids = ["a-agent", "b-agent", "c-agent", "d-agent", "e-agent", "f-agent"];
+    for id in ids {
+        store.register(&definition(id, &["x", "y"]), at(0)).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    // An agent column, a later capability row, the first capability row.
+    execute(&db, backend, "UPDATE agentmesh_agents SET transport = 'carrier-pigeon' WHERE id = 'b-agent'").await;
+    execute(
+        &db,
+        backend,
+        "UPDATE agentmesh_capabilities SET input_schema = '{not json' WHERE agent_id = 'c-agent' AND id = 'y'",
+    )
+    .await;
+    execute(
+        &db,
+        backend,
+        "UPDATE agentmesh_capabilities SET kind = 'wizard' WHERE agent_id = 'e-agent' AND id = 'plan'",
+    )
+    .await;
+    if backend == Backend::Sqlite {
+        // SQLite keeps whatever type it is given.
+        execute(&db, backend, "UPDATE agentmesh_agents SET registered_at_ms = 'yesterday' WHERE id = 'f-agent'").await;
+    }
+    let corrupt: &[&str] = if backend == Backend::Sqlite {
+        &["b-agent", "c-agent", "e-agent", "f-agent"]
+    } else {
+        &["b-agent", "c-agent", "e-agent"]
+    };
+    let readable: Vec<&str> = ids.iter().copied().filter(|id| !corrupt.contains(id)).collect();
+
+    let listed = store.list().await.unwrap_or_else(|e| panic!("a corrupt row failed the whole load: {e}"));
+    assert_eq!(listed.agents.iter().map(|a| a.id()).collect::<Vec<_>>(), readable);
+    for agent in &listed.agents {
+        assert_eq!(agent.definition, definition(agent.id(), &["x", "y"]), "readable agents load whole");
+    }
+    let skipped: Vec<&str> = listed.corrupt.iter().filter_map(|c| c.agent_id.as_deref()).collect();
+    assert_eq!(skipped, corrupt, "each corrupt agent is named once");
+    let reason = |id: &str| {
+        listed.corrupt.iter().find(|c| c.agent_id.as_deref() == Some(id)).map(|c| c.reason.clone()).unwrap_or_default()
+    };
+    assert!(reason("b-agent").contains("unknown transport `carrier-pigeon`"), "{}", reason("b-agent"));
+    assert!(reason("c-agent").starts_with("capability `y`: cap_input_schema"), "{}", reason("c-agent"));
+    assert!(reason("e-agent").contains("capability `plan`: unknown capability kind `wizard`"), "{}", reason("e-agent"));
+    if backend == Backend::Sqlite {
+        assert!(reason("f-agent").contains("registered_at_ms"), "{}", reason("f-agent"));
+    }
+
+    let all: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+    let many = store.get_many(&all).await.unwrap_or_else(|e| panic!("a corrupt row failed get_many: {e}"));
+    assert_eq!(many.agents.iter().map(|a| a.id()).collect::<Vec<_>>(), readable);
+    assert_eq!(many.corrupt.len(), corrupt.len());
+    let one = store.get("b-agent").await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(one.contains("agent `b-agent`: unknown transport"), "reading one corrupt agent says why: {one}");
+
+    // Registering it again rewrites its rows.
+    store.register(&definition("c-agent", &["x", "y"]), at(1)).await.unwrap_or_else(|e| panic!("{e}"));
+    let listed = store.list().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(listed.agents.iter().any(|a| a.id() == "c-agent"));
+}
+
+agentmesh_testkit::both_backends!(corrupt_rows_are_skipped);

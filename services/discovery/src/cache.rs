@@ -14,7 +14,7 @@ use agentmesh_core::{AgentRecord, ReportedStatus};
 use agentmesh_store::{AgentStore, StoreError};
 
 use crate::metrics::Metrics;
-pub use crate::snapshot::{Encoded, Snapshot};
+pub use crate::snapshot::{Encoded, Observed, Snapshot};
 use crate::snapshot::{Patch, coalesce, replay_heartbeats};
 
 /// `snapshot` with `patches` applied: registrations and removals in one
@@ -169,7 +169,11 @@ impl CatalogCache {
         }
         let held = self.current().filter(|c| c.generation == generation);
         let mut agents = match self.store.list().await {
-            Ok(agents) => agents,
+            Ok(loaded) => {
+                // Each is logged by the store, with what is wrong.
+                self.metrics.corrupt_rows.inc_by(u64::try_from(loaded.corrupt.len()).unwrap_or(u64::MAX));
+                loaded.agents
+            }
             Err(e) => {
                 self.take_pending();
                 self.set_failed(true);

@@ -39,6 +39,11 @@ pub enum DiscoveryError {
     /// No such agent.
     #[error("agent `{0}` is not registered")]
     NotFound(String),
+    /// Every `WatchCatalog` slot is taken.
+    #[error(
+        "too many WatchCatalog streams are open (max_watch_streams = {0}); close idle streams or raise discovery's max_watch_streams"
+    )]
+    TooManyWatchStreams(usize),
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
     Unavailable(String),
@@ -87,6 +92,7 @@ impl DiscoveryError {
             Self::InvalidParameter { .. } | Self::Validation(_) | Self::InvalidJson { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::TooManyWatchStreams(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -106,6 +112,7 @@ impl DiscoveryError {
             Self::InvalidJson { path, .. } => ("invalid_json", Some(json!({"path": path}))),
             Self::PayloadTooLarge(limit) => ("payload_too_large", Some(json!({"limit_bytes": limit}))),
             Self::NotFound(id) => ("not_found", Some(json!({"agent_id": id}))),
+            Self::TooManyWatchStreams(limit) => ("too_many_watch_streams", Some(json!({"max_watch_streams": limit}))),
             Self::Unavailable(_) => ("unavailable", None),
             Self::Internal(_) => ("internal_error", None),
         };
@@ -140,6 +147,7 @@ impl From<DiscoveryError> for tonic::Status {
             DiscoveryError::InvalidJson { .. } => tonic::Status::invalid_argument(message),
             DiscoveryError::PayloadTooLarge(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::NotFound(_) => tonic::Status::not_found(message),
+            DiscoveryError::TooManyWatchStreams(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
             DiscoveryError::Internal(_) => tonic::Status::internal(message),
         }

@@ -1,7 +1,5 @@
 //! The gRPC DiscoveryService: thin handlers over the registry.
 
-use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,30 +9,30 @@ use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_server::DiscoveryService;
 use bytes::Buf;
 use chrono::{DateTime, Utc};
-use futures_util::Stream;
 use prost::Message;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::{Request, Response, Status};
 
 use crate::cache::{Encoded, Source};
 use crate::convert::{Detail, agent_to_pb, definition_from_pb, full_agent_to_pb, health_to_pb, timestamp};
 use crate::encoded::EncodedReply;
 use crate::error::DiscoveryError;
-use crate::registry::{CatalogEvent, EventKind, Registry};
+use crate::registry::Registry;
 use crate::render::{Format, render};
+use crate::watch_catalog::{self, WatchSlots};
 use agentmesh_server::new_request_id;
 
 /// The gRPC service.
 pub struct DiscoveryGrpc {
     registry: Arc<Registry>,
+    watch_slots: WatchSlots,
 }
 
 impl DiscoveryGrpc {
-    /// A service over the registry.
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Self { registry }
+    /// A service over the registry, serving at most `max_watch_streams`
+    /// `WatchCatalog` streams at once.
+    pub fn new(registry: Arc<Registry>, max_watch_streams: usize) -> Self {
+        let watch_slots = WatchSlots::new(max_watch_streams, registry.metrics().watch_streams.clone());
+        Self { registry, watch_slots }
     }
 
     /// ListCapabilities, answered with the encoded response. A structured
@@ -202,27 +200,6 @@ pub fn query_from_pb(r: &pb::ListCapabilitiesRequest) -> Result<(CapabilityQuery
     Ok((query, format))
 }
 
-fn event_to_pb(event: &CatalogEvent, registry: &Registry) -> pb::WatchCatalogResponse {
-    let kind = match event.kind {
-        EventKind::Registered => pb::CatalogEventKind::Registered,
-        EventKind::Updated => pb::CatalogEventKind::Updated,
-        EventKind::HealthChanged => pb::CatalogEventKind::HealthChanged,
-        EventKind::Deregistered => pb::CatalogEventKind::Deregistered,
-    };
-    let health = event.health.or_else(|| {
-        event.agent.as_ref().map(|a| registry.policy().derive(a.last_heartbeat, a.reported_status, chrono::Utc::now()))
-    });
-    pb::WatchCatalogResponse {
-        kind: kind as i32,
-        agent_id: event.agent_id.clone(),
-        agent: event.agent.as_ref().map(|a| full_agent_to_pb(a, health.unwrap_or(HealthStatus::Active))),
-        health_status: health.map_or(pb::HealthStatus::Unspecified, health_to_pb) as i32,
-        occurred_at: Some(timestamp(event.at)),
-    }
-}
-
-type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchCatalogResponse, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl DiscoveryService for DiscoveryGrpc {
     async fn register_agent(
@@ -287,43 +264,16 @@ impl DiscoveryService for DiscoveryGrpc {
             .map_err(|e| Status::internal(format!("re-reading an encoded response: {e}")))
     }
 
-    type WatchCatalogStream = WatchStream;
+    type WatchCatalogStream = watch_catalog::WatchStream;
 
     async fn watch_catalog(
         &self,
         request: Request<pb::WatchCatalogRequest>,
     ) -> Result<Response<Self::WatchCatalogStream>, Status> {
+        let slot = self.watch_slots.take().inspect_err(|e| tracing::warn!(error = %e, "WatchCatalog refused"))?;
         // Subscribe before reading the snapshot so that nothing falls between.
-        let receiver = self.registry.subscribe();
-        let mut initial = Vec::new();
-        // Version of each agent already sent, so that a notification of a
-        // change the snapshot already holds is not sent twice.
-        let mut sent: HashMap<String, DateTime<Utc>> = HashMap::new();
-        if request.into_inner().include_snapshot {
-            for (record, health) in self.registry.all().await? {
-                sent.insert(record.id().to_owned(), record.updated_at);
-                initial.push(Ok(pb::WatchCatalogResponse {
-                    kind: pb::CatalogEventKind::Registered as i32,
-                    agent_id: record.id().to_owned(),
-                    agent: Some(full_agent_to_pb(&record, health)),
-                    health_status: health_to_pb(health) as i32,
-                    occurred_at: Some(timestamp(chrono::Utc::now())),
-                }));
-            }
-        }
-        let registry = self.registry.clone();
-        let live = BroadcastStream::new(receiver).filter(move |event| match event {
-            Ok(CatalogEvent { kind: EventKind::Registered | EventKind::Updated, agent: Some(agent), .. }) => {
-                sent.get(agent.id()).is_none_or(|at| agent.updated_at > *at)
-            }
-            _ => true,
-        });
-        let live = live.map(move |event| match event {
-            Ok(event) => Ok(event_to_pb(&event, &registry)),
-            Err(BroadcastStreamRecvError::Lagged(missed)) => Err(Status::aborted(format!(
-                "watcher fell {missed} events behind; reconnect with include_snapshot=true"
-            ))),
-        });
-        Ok(Response::new(Box::pin(tokio_stream::iter(initial).chain(live))))
+        let events = self.registry.subscribe();
+        let initial = if request.into_inner().include_snapshot { self.registry.observed().await? } else { Vec::new() };
+        Ok(Response::new(watch_catalog::stream(self.registry.clone(), slot, initial, events)))
     }
 }

@@ -15,6 +15,7 @@ pub mod registry;
 pub mod render;
 pub mod rest;
 pub mod snapshot;
+pub mod watch_catalog;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -35,8 +36,9 @@ pub use registry::Registry;
 /// Fully qualified gRPC name of the discovery service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.DiscoveryService";
 
-/// Configuration of the discovery service.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Configuration of the discovery service. `Debug` shows `database_url`
+/// without its password.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// Address serving gRPC and HTTP.
@@ -53,6 +55,34 @@ pub struct DiscoveryConfig {
     pub request_timeout_secs: f64,
     /// Requests handled at once; more wait for a slot.
     pub max_concurrent_requests: usize,
+    /// `WatchCatalog` streams open at once; more are refused with `RESOURCE_EXHAUSTED`.
+    pub max_watch_streams: usize,
+}
+
+impl std::fmt::Debug for DiscoveryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so that a new field cannot be left out unnoticed.
+        let Self {
+            listen,
+            database_url,
+            heartbeat_interval_secs,
+            cache_ttl_secs,
+            max_request_bytes,
+            request_timeout_secs,
+            max_concurrent_requests,
+            max_watch_streams,
+        } = self;
+        f.debug_struct("DiscoveryConfig")
+            .field("listen", listen)
+            .field("database_url", &redact(database_url))
+            .field("heartbeat_interval_secs", heartbeat_interval_secs)
+            .field("cache_ttl_secs", cache_ttl_secs)
+            .field("max_request_bytes", max_request_bytes)
+            .field("request_timeout_secs", request_timeout_secs)
+            .field("max_concurrent_requests", max_concurrent_requests)
+            .field("max_watch_streams", max_watch_streams)
+            .finish()
+    }
 }
 
 impl Default for DiscoveryConfig {
@@ -65,6 +95,7 @@ impl Default for DiscoveryConfig {
             max_request_bytes: 1024 * 1024,
             request_timeout_secs: 30.0,
             max_concurrent_requests: 10_000,
+            max_watch_streams: 256,
         }
     }
 }
@@ -89,10 +120,11 @@ impl DiscoveryConfig {
             self.request_timeout_secs
         );
         anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        anyhow::ensure!(self.max_watch_streams >= 1, "max_watch_streams must be at least 1");
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
-            self.database_url
+            redact(&self.database_url)
         );
         Ok(())
     }
@@ -160,7 +192,7 @@ async fn router(
     health_reporter.set_service_status(SERVICE_NAME, ServingStatus::Serving).await;
     tokio::spawn(mirror_store_health(registry.store_healthy(), health_reporter, stop));
 
-    let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone()));
+    let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone(), config.max_watch_streams));
     let server =
         DiscoveryServiceServer::from_arc(discovery.clone()).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
@@ -186,3 +218,20 @@ async fn mirror_store_health(
 }
 
 pub use agentmesh_server::redact;
+
+#[cfg(test)]
+mod tests {
+    use super::DiscoveryConfig;
+
+    #[test]
+    fn debug_hides_the_database_password() {
+        let config = DiscoveryConfig {
+            database_url: "postgres://agentmesh:hunter2@db.internal/agentmesh?password=hunter3".into(),
+            ..DiscoveryConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("postgres://agentmesh:***@db.internal/agentmesh?password=***"), "{shown}");
+        assert!(shown.contains("max_watch_streams: 256"), "{shown}");
+    }
+}

@@ -27,6 +27,10 @@ pub struct Metrics {
     pub filter_usage: IntCounterVec,
     /// Registry writes by operation and result.
     pub writes: IntCounterVec,
+    /// `WatchCatalog` streams open.
+    pub watch_streams: IntGauge,
+    /// Stored agents left out of a read because their rows could not be decoded.
+    pub corrupt_rows: IntCounter,
 }
 
 impl Metrics {
@@ -63,6 +67,11 @@ impl Metrics {
             Opts::new("agentmesh_discovery_writes_total", "Registrations, heartbeats and removals"),
             &["operation", "result"],
         )?;
+        let watch_streams = IntGauge::new("agentmesh_discovery_watch_streams", "WatchCatalog streams open")?;
+        let corrupt_rows = IntCounter::new(
+            "agentmesh_discovery_corrupt_rows_total",
+            "Stored agents left out of a catalog read because their rows could not be decoded",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(cache_hits.clone()))?;
@@ -73,6 +82,8 @@ impl Metrics {
         registry.register(Box::new(encoded_hits.clone()))?;
         registry.register(Box::new(filter_usage.clone()))?;
         registry.register(Box::new(writes.clone()))?;
+        registry.register(Box::new(watch_streams.clone()))?;
+        registry.register(Box::new(corrupt_rows.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -85,6 +96,8 @@ impl Metrics {
             encoded_hits,
             filter_usage,
             writes,
+            watch_streams,
+            corrupt_rows,
         })
     }
 

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
 use tracing::Instrument;
 
-use crate::cache::{CatalogCache, Encoded, Snapshot, Source};
+use crate::cache::{CatalogCache, Encoded, Observed, Snapshot, Source};
 use crate::error::DiscoveryError;
 use crate::metrics::Metrics;
 
@@ -40,8 +40,9 @@ pub struct CatalogEvent {
     pub kind: EventKind,
     /// The agent concerned.
     pub agent_id: String,
-    /// The agent after the change (absent when removed or unreadable).
-    pub agent: Option<AgentRecord>,
+    /// The agent after the change (absent when removed or unreadable),
+    /// shared by every watcher.
+    pub agent: Option<Arc<AgentRecord>>,
     /// Health after the change.
     pub health: Option<HealthStatus>,
     /// When the change was observed.
@@ -202,18 +203,11 @@ impl Registry {
         Ok((encoded, source, shared))
     }
 
-    /// Every agent in the current snapshot with its health.
-    pub async fn all(&self) -> Result<Vec<(AgentRecord, HealthStatus)>, DiscoveryError> {
+    /// Every agent in the current snapshot, in id order, with its health:
+    /// the records are shared with the snapshot, not copied.
+    pub async fn observed(&self) -> Result<Vec<Observed>, DiscoveryError> {
         let (snapshot, _) = self.cache.snapshot().await?;
-        let now = Utc::now();
-        Ok(snapshot
-            .observed(self.policy, now)
-            .map(|(record, health, at)| {
-                let mut record = record.clone();
-                record.last_heartbeat = at;
-                (record, health)
-            })
-            .collect())
+        Ok(snapshot.observed_shared(self.policy, Utc::now()))
     }
 
     /// Subscribes to catalog events.
@@ -286,6 +280,7 @@ impl Registry {
     }
 
     fn emit(&self, kind: EventKind, agent_id: &str, agent: Option<AgentRecord>, health: Option<HealthStatus>) {
+        let agent = agent.map(Arc::new);
         let _ = self.events.send(CatalogEvent { kind, agent_id: agent_id.to_owned(), agent, health, at: Utc::now() });
     }
 
@@ -324,7 +319,12 @@ impl Registry {
         let mut fetched: HashMap<String, AgentRecord> = HashMap::new();
         if !need.is_empty() {
             match self.store.get_many(&need).await {
-                Ok(agents) => fetched = agents.into_iter().map(|a| (a.id().to_owned(), a)).collect(),
+                Ok(loaded) => {
+                    // Left out like a full load leaves them out: the agent
+                    // is taken out of the snapshot below.
+                    self.metrics.corrupt_rows.inc_by(u64::try_from(loaded.corrupt.len()).unwrap_or(u64::MAX));
+                    fetched = loaded.agents.into_iter().map(|a| (a.id().to_owned(), a)).collect();
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, agents = need.len(), "could not read changed agents; reloading the catalog");
                     self.cache.invalidate();

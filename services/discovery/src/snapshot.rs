@@ -58,6 +58,18 @@ impl Liveness {
     }
 }
 
+/// An agent as a snapshot holds it (shared, not copied), with its health
+/// and last heartbeat when it was read.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The stored agent.
+    pub record: Arc<AgentRecord>,
+    /// Its derived health.
+    pub health: HealthStatus,
+    /// Its last heartbeat, heartbeats applied in place included.
+    pub last_heartbeat: DateTime<Utc>,
+}
+
 /// A change to apply to a snapshot.
 #[derive(Debug, Clone)]
 pub(crate) enum Patch {
@@ -66,8 +78,13 @@ pub(crate) enum Patch {
     Heartbeat { agent_id: String, status: ReportedStatus, at_ms: i64 },
 }
 
-/// Most bytes of encoded responses a snapshot keeps.
+/// Most bytes of shared answers a snapshot keeps: keys (the whole query)
+/// and encoded bodies together.
 const ENCODED_BUDGET_BYTES: usize = 8 * 1024 * 1024;
+
+/// Bytes an entry costs besides its key and body: the map slot, the entry
+/// itself and its allocations' headers, roughly.
+const ENTRY_OVERHEAD_BYTES: usize = 128;
 
 /// A response body as sent, shared by every request that asks the same query
 /// of the same snapshot state.
@@ -104,8 +121,21 @@ enum Stamp {
 struct EncodedEntry {
     encoded: Encoded,
     stamp: Stamp,
-    /// Unix ms at which the derived health of an agent it depends on changes.
+    /// Unix ms after which it is not served: the first change of derived
+    /// health of an agent it depends on, and at most one heartbeat interval
+    /// after it was built.
     valid_until_ms: i64,
+}
+
+impl EncodedEntry {
+    /// What keeping it under `key` costs against the budget.
+    fn footprint(&self, key: &str) -> usize {
+        let stamp = match &self.stamp {
+            Stamp::All(_) => 0,
+            Stamp::Agents(agents) => agents.len() * std::mem::size_of::<(usize, u32)>(),
+        };
+        key.len() + self.encoded.body.len() + stamp + ENTRY_OVERHEAD_BYTES
+    }
 }
 
 #[derive(Debug, Default)]
@@ -158,8 +188,10 @@ impl Snapshot {
     /// whether the body was shared.
     ///
     /// A body goes stale at any write (a new snapshot), at a heartbeat of an
-    /// agent it holds, and when the derived health of such an agent changes.
-    /// Under a `health_status` filter it depends on every agent instead.
+    /// agent it holds, when the derived health of such an agent changes, and
+    /// at the latest one heartbeat interval after it was built (what bounds
+    /// an empty answer). Under a `health_status` filter it depends on every
+    /// agent instead. Keys and bodies together stay within a byte budget.
     pub fn answer_encoded(
         &self,
         key: String,
@@ -182,6 +214,12 @@ impl Snapshot {
             self.page_stamp(&page, policy, now)
         };
         if let Some((stamp, valid_until_ms)) = stamp {
+            // An answer whose agents' health never changes (an empty page,
+            // or only inactive agents) would otherwise stay current until the
+            // next write, and hold its place in the budget all that time.
+            let longest = chrono::Duration::from_std(policy.heartbeat_interval)
+                .map_or(i64::MAX, |d| now.timestamp_millis().saturating_add(d.num_milliseconds()));
+            let valid_until_ms = valid_until_ms.min(longest);
             self.keep(key, EncodedEntry { encoded: encoded.clone(), stamp, valid_until_ms }, now);
         }
         (encoded, false)
@@ -221,18 +259,19 @@ impl Snapshot {
         self.is_current(entry, now.timestamp_millis()).then(|| entry.encoded.clone())
     }
 
-    /// Keeps a body within the byte budget: stale bodies go first; if that
-    /// is not enough, the new one is not kept.
+    /// Keeps an answer within the byte budget, its key counted with its
+    /// body: stale answers go first; if that is not enough, the new one is
+    /// not kept.
     fn keep(&self, key: String, entry: EncodedEntry, now: DateTime<Utc>) {
         let Ok(mut cache) = self.encoded.lock() else { return };
         if let Some(old) = cache.entries.remove(&key) {
-            cache.bytes -= old.encoded.body.len();
+            cache.bytes -= old.footprint(&key);
         }
-        let size = entry.encoded.body.len();
+        let size = entry.footprint(&key);
         if cache.bytes + size > ENCODED_BUDGET_BYTES {
             let now_ms = now.timestamp_millis();
             cache.entries.retain(|_, e| self.is_current(e, now_ms));
-            cache.bytes = cache.entries.values().map(|e| e.encoded.body.len()).sum();
+            cache.bytes = cache.entries.iter().map(|(k, e)| e.footprint(k)).sum();
             if cache.bytes + size > ENCODED_BUDGET_BYTES {
                 return;
             }
@@ -282,6 +321,21 @@ impl Snapshot {
             let (at, reported) = self.live(i);
             (record.as_ref(), policy.derive(at, reported, now), at)
         })
+    }
+
+    /// Every agent in id order, sharing the snapshot's records, with its
+    /// health at `now` and last heartbeat.
+    pub fn observed_shared(&self, policy: HealthPolicy, now: DateTime<Utc>) -> Vec<Observed> {
+        (0..self.agents.len())
+            .map(|i| {
+                let (at, reported) = self.live(i);
+                Observed {
+                    record: self.agents[i].clone(),
+                    health: policy.derive(at, reported, now),
+                    last_heartbeat: at,
+                }
+            })
+            .collect()
     }
 
     fn index(&self) -> &CatalogIndex {
@@ -573,6 +627,49 @@ mod tests {
             let scanned = q.run(s.observed(policy, now));
             assert_eq!(view(&indexed), view(&scanned), "{q:?}");
         }
+    }
+
+    fn empty_body(page: &CatalogPage<'_>) -> Encoded {
+        Encoded { body: bytes::Bytes::from_static(b"{}"), counts: Encoded::counts_of(page) }
+    }
+
+    /// Bytes held by the shared answers, counted from the entries themselves.
+    fn held_bytes(s: &Snapshot) -> usize {
+        let cache = s.encoded.lock().unwrap();
+        cache.entries.iter().map(|(key, entry)| key.len() + entry.encoded.body.len()).sum()
+    }
+
+    #[test]
+    fn distinct_large_keys_stay_within_the_budget() {
+        let s = Snapshot::new(vec![record("a", 0)], 0);
+        let policy = HealthPolicy::default();
+        let now = DateTime::from_timestamp_millis(1_700_000_001_000).unwrap();
+        // A query's key holds the whole query: long `agent_ids` lists make
+        // keys far larger than the (empty) answers they map to.
+        let ids: Vec<String> = (0..2_000).map(|i| format!("nobody-{i:05}")).collect();
+        for i in 0..400 {
+            let query = CapabilityQuery {
+                agent_ids: ids.iter().cloned().chain([i.to_string()]).collect(),
+                ..Default::default()
+            };
+            s.answer_encoded(format!("{query:?}"), &query, policy, now, empty_body);
+        }
+        let held = held_bytes(&s);
+        assert!(held <= ENCODED_BUDGET_BYTES, "{held} bytes held, over the budget of {ENCODED_BUDGET_BYTES}");
+        assert!(held > 0, "answers are still shared");
+    }
+
+    #[test]
+    fn empty_answers_expire() {
+        let s = Snapshot::new(vec![record("a", 0)], 0);
+        let policy = HealthPolicy { heartbeat_interval: Duration::from_secs(10) };
+        let query = CapabilityQuery { agent_ids: vec!["nobody".into()], ..Default::default() };
+        let at = |ms: i64| DateTime::from_timestamp_millis(1_700_000_001_000 + ms).unwrap();
+        let ask = |ms: i64| s.answer_encoded("nobody".into(), &query, policy, at(ms), empty_body).1;
+        assert!(!ask(0), "built on first use");
+        assert!(ask(1_000), "shared while fresh");
+        assert!(!ask(10_001), "rebuilt once a heartbeat interval has passed");
+        assert!(ask(10_002), "and shared again");
     }
 
     #[test]

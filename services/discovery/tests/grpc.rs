@@ -358,8 +358,78 @@ async fn a_heartbeat_stales_only_the_bodies_that_show_its_agent(backend: Backend
     assert_eq!(ids, ["weather-tool-a"], "b reported itself degraded");
 }
 
+/// An answer naming no agent is shared like the others, but only for one
+/// heartbeat interval, and never after an agent it would show registers.
+async fn empty_answers_expire_and_follow_registrations(backend: Backend) {
+    let Some(ctx) = Ctx::start_with(backend, |c| c.heartbeat_interval_secs = 0.5).await else { return };
+    let mut c = client(&ctx).await;
+    let late = || pb::ListCapabilitiesRequest { agent_ids: vec!["weather-tool-late".into()], ..Default::default() };
+    let shared = async || ctx.metric("agentmesh_discovery_encoded_response_hits_total").await;
+    let mut ask = async |request: pb::ListCapabilitiesRequest| {
+        c.list_capabilities(request).await.unwrap_or_else(|e| panic!("{e}")).into_inner()
+    };
+    assert!(ask(late()).await.capabilities.is_empty());
+    assert!(ask(late()).await.capabilities.is_empty());
+    let before = shared().await;
+    assert!(before >= 1.0, "the empty answer was shared");
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(ask(late()).await.capabilities.is_empty());
+    assert_eq!(shared().await, before, "an empty answer older than a heartbeat interval is rebuilt");
+
+    assert!(ask(late()).await.capabilities.is_empty());
+    let mut writer = client(&ctx).await;
+    writer
+        .register_agent(pb::RegisterAgentRequest { agent: Some(weather_agent("weather-tool-late")) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let found = ask(late()).await;
+    let ids: Vec<&str> = found.capabilities.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, ["weather-tool-late"], "the registration shows at once");
+}
+
+/// Open `WatchCatalog` streams are capped by `max_watch_streams`; a stream
+/// that ends frees its slot, and the streams already open keep working.
+async fn watch_streams_are_limited(backend: Backend) {
+    let Some(ctx) = Ctx::start_with(backend, |c| c.max_watch_streams = 2).await else { return };
+    // One connection for every stream, so that dropping one stream resets
+    // only that stream.
+    let c = client(&ctx).await;
+    let open = || {
+        let mut c = c.clone();
+        async move { c.watch_catalog(pb::WatchCatalogRequest { include_snapshot: true }).await }
+    };
+    let mut first = open().await.unwrap_or_else(|e| panic!("{e}")).into_inner();
+    let second = open().await.unwrap_or_else(|e| panic!("{e}")).into_inner();
+    let refused = open().await.err().unwrap_or_else(|| panic!("a third stream was accepted over a limit of 2"));
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("max_watch_streams"), "the message names the setting: {}", refused.message());
+
+    drop(second);
+    // The server learns of the reset as it arrives.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut third = loop {
+        match open().await {
+            Ok(stream) => break stream.into_inner(),
+            Err(status) if status.code() == Code::ResourceExhausted && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("the slot of the dropped stream was not freed: {status:?}"),
+        }
+    };
+
+    assert_eq!(ctx.metric("agentmesh_discovery_watch_streams").await, 2.0);
+    ctx.register(&catalog()[1]).await;
+    for stream in [&mut first, &mut third] {
+        let e = next_event(stream).await;
+        assert_eq!((e.kind, e.agent_id.as_str()), (pb::CatalogEventKind::Registered as i32, "agent-ml-002"));
+    }
+}
+
 agentmesh_testkit::both_backends!(
+    watch_streams_are_limited,
     a_heartbeat_stales_only_the_bodies_that_show_its_agent,
+    empty_answers_expire_and_follow_registrations,
     shared_answers_follow_heartbeats_writes_and_health,
     rpc_lifecycle,
     invalid_registration_has_field_details,

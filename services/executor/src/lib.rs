@@ -36,8 +36,9 @@ pub use error::ExecutorError;
 /// Fully qualified gRPC name of the executor service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.ExecutorService";
 
-/// Configuration of the executor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Configuration of the executor. `Debug` shows the URLs without their
+/// passwords.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ExecutorConfig {
     /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
@@ -94,6 +95,64 @@ pub struct ExecutorConfig {
     pub health_check_interval_secs: f64,
 }
 
+impl std::fmt::Debug for ExecutorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so that a new field cannot be left out unnoticed.
+        let Self {
+            listen,
+            database_url,
+            discovery_url,
+            planner_url,
+            max_concurrency,
+            step_timeout_ms,
+            max_retries,
+            replan_budget,
+            max_concurrent_steps,
+            max_concurrent_executions,
+            max_steps_per_plan,
+            max_request_bytes,
+            max_output_bytes,
+            retry_base_ms,
+            retry_max_ms,
+            circuit_failure_threshold,
+            circuit_open_secs,
+            lease_secs,
+            retention_hours,
+            egress_deny,
+            egress_allow,
+            request_timeout_secs,
+            max_concurrent_requests,
+            health_check_interval_secs,
+        } = self;
+        f.debug_struct("ExecutorConfig")
+            .field("listen", listen)
+            .field("database_url", &agentmesh_server::redact(database_url))
+            .field("discovery_url", &agentmesh_server::redact(discovery_url))
+            .field("planner_url", &planner_url.as_deref().map(agentmesh_server::redact))
+            .field("max_concurrency", max_concurrency)
+            .field("step_timeout_ms", step_timeout_ms)
+            .field("max_retries", max_retries)
+            .field("replan_budget", replan_budget)
+            .field("max_concurrent_steps", max_concurrent_steps)
+            .field("max_concurrent_executions", max_concurrent_executions)
+            .field("max_steps_per_plan", max_steps_per_plan)
+            .field("max_request_bytes", max_request_bytes)
+            .field("max_output_bytes", max_output_bytes)
+            .field("retry_base_ms", retry_base_ms)
+            .field("retry_max_ms", retry_max_ms)
+            .field("circuit_failure_threshold", circuit_failure_threshold)
+            .field("circuit_open_secs", circuit_open_secs)
+            .field("lease_secs", lease_secs)
+            .field("retention_hours", retention_hours)
+            .field("egress_deny", egress_deny)
+            .field("egress_allow", egress_allow)
+            .field("request_timeout_secs", request_timeout_secs)
+            .field("max_concurrent_requests", max_concurrent_requests)
+            .field("health_check_interval_secs", health_check_interval_secs)
+            .finish()
+    }
+}
+
 impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
@@ -146,7 +205,7 @@ impl ExecutorConfig {
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
-            self.database_url
+            agentmesh_server::redact(&self.database_url)
         );
         egress::Egress::new(&self.egress_deny, &self.egress_allow).map_err(|e| anyhow::anyhow!("egress: {e}"))?;
         Ok(())
@@ -279,4 +338,22 @@ pub async fn serve_with_listener(
     }
     tracing::info!("executor stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExecutorConfig;
+
+    #[test]
+    fn debug_hides_passwords_in_urls() {
+        let config = ExecutorConfig {
+            database_url: "postgres://executor:hunter2@db.internal/agentmesh".into(),
+            planner_url: Some("http://planner:hunter3@planner.internal:7401".into()),
+            ..ExecutorConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("postgres://executor:***@db.internal/agentmesh"), "{shown}");
+        assert!(shown.contains("max_concurrent_requests: 10000"), "{shown}");
+    }
 }
