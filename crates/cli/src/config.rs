@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_executor::ExecutorConfig;
 use agentmesh_planner::PlannerConfig;
+use agentmesh_synthesis::SynthesisConfig;
 use agentmesh_telemetry::TelemetryConfig;
 use anyhow::Context;
 use clap::Args;
@@ -26,6 +27,8 @@ pub struct Config {
     pub planner: PlannerConfig,
     /// `[executor]` section.
     pub executor: ExecutorConfig,
+    /// `[synthesis]` section.
+    pub synthesis: SynthesisConfig,
     /// `[telemetry]` section: logs and trace export, for every command.
     pub telemetry: TelemetryConfig,
 }
@@ -44,7 +47,9 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
         Env::prefixed("AGENTMESH_")
             .filter(|key| {
                 let key = key.as_str().to_ascii_lowercase();
-                ["discovery__", "planner__", "executor__", "telemetry__"].iter().any(|section| key.starts_with(section))
+                ["discovery__", "planner__", "executor__", "synthesis__", "telemetry__"]
+                    .iter()
+                    .any(|section| key.starts_with(section))
             })
             .split("__"),
     );
@@ -213,9 +218,9 @@ pub struct UpArgs {
     /// Discovery's address, gRPC and HTTP [default: 127.0.0.1:7400].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Also run the planner with this LLM (`provider:model`, see `serve
-    /// planner --help`); without it the planner runs only when `[planner]
-    /// llm` is configured.
+    /// Also run the planner and synthesis with this LLM (`provider:model`,
+    /// see `serve planner --help`); without it each runs only when its
+    /// `llm` is configured (`[planner]`, `[synthesis]`).
     #[arg(long)]
     pub llm: Option<String>,
     /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
@@ -240,6 +245,7 @@ impl UpArgs {
             ("AGENTMESH_DISCOVERY__DATABASE_URL", "discovery.database_url"),
             ("AGENTMESH_PLANNER__DATABASE_URL", "planner.database_url"),
             ("AGENTMESH_EXECUTOR__DATABASE_URL", "executor.database_url"),
+            ("AGENTMESH_SYNTHESIS__DATABASE_URL", "synthesis.database_url"),
         ] {
             if std::env::var_os(variable).is_none() {
                 push(&mut out, key, Some(embedded.clone()));
@@ -248,6 +254,8 @@ impl UpArgs {
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
         push(&mut out, "planner.llm", self.llm.clone());
         push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, "synthesis.llm", self.llm.clone());
+        push(&mut out, "synthesis.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
         Ok(out)
     }
 }
@@ -313,6 +321,66 @@ impl PlannerArgs {
         if !self.self_agent_ids.is_empty() {
             push(&mut out, "planner.self_agent_ids", Some(self.self_agent_ids.clone()));
         }
+        out
+    }
+}
+
+/// Flags of `agentmesh serve synthesis`.
+#[derive(Args, Debug)]
+pub struct SynthesisArgs {
+    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7403].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Discovery's address, for the catalog reviews suggest from [default: http://127.0.0.1:7400].
+    #[arg(long)]
+    pub discovery: Option<String>,
+    /// Database of the interaction log [default: sqlite://agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<SecretUrl>,
+    /// `provider:model[,provider:model…]`, as for `serve planner`.
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long)]
+    pub llm_base_url: Option<SecretUrl>,
+    /// Structured output of reviews: auto, json_schema, json_object, tool or none [default: auto].
+    #[arg(long)]
+    pub llm_structured: Option<String>,
+    /// Seconds each LLM call may take [default: 120].
+    #[arg(long, value_name = "SECONDS")]
+    pub llm_timeout: Option<u64>,
+    /// Retries after 429, 5xx and timeouts [default: 3].
+    #[arg(long)]
+    pub llm_retries: Option<u32>,
+    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
+    #[arg(long)]
+    pub llm_ca_file: Option<std::path::PathBuf>,
+    /// Most tokens of an answer [default: 1024].
+    #[arg(long)]
+    pub answer_max_tokens: Option<u32>,
+    /// Seconds between checks of discovery and the store for health [default: 2].
+    #[arg(long, value_name = "SECONDS")]
+    pub health_check_interval_secs: Option<f64>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl SynthesisArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, "synthesis.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "synthesis.discovery_url", self.discovery.clone());
+        push(&mut out, "synthesis.database_url", self.database_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, "synthesis.llm", self.llm.clone());
+        push(&mut out, "synthesis.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, "synthesis.llm_structured", self.llm_structured.clone());
+        push(&mut out, "synthesis.llm_timeout_secs", self.llm_timeout);
+        push(&mut out, "synthesis.llm_retries", self.llm_retries);
+        push(&mut out, "synthesis.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
+        push(&mut out, "synthesis.answer_max_tokens", self.answer_max_tokens);
+        push(&mut out, "synthesis.health_check_interval_secs", self.health_check_interval_secs);
         out
     }
 }

@@ -37,7 +37,8 @@ enum Command {
         service: ServeCommand,
     },
     /// Run the mesh in one process on the embedded default (SQLite in
-    /// --data-dir): discovery, the executor, and the planner when an LLM is given.
+    /// --data-dir): discovery, the executor, and the planner and synthesis
+    /// when an LLM is given.
     Up(config::UpArgs),
     /// Register, inspect and remove agents in a running discovery service.
     Agents(agents::AgentsArgs),
@@ -59,6 +60,8 @@ enum ServeCommand {
     Planner(config::PlannerArgs),
     /// The executor service: runs plans as durable DAGs; gRPC and HTTP on one port.
     Executor(config::ExecutorArgs),
+    /// The synthesis service: streams answers and reviews them; gRPC and HTTP on one port.
+    Synthesis(config::SynthesisArgs),
 }
 
 async fn shutdown_signal() {
@@ -90,6 +93,7 @@ impl Command {
             Command::Serve { service: ServeCommand::Discovery(_) } => "agentmesh-discovery",
             Command::Serve { service: ServeCommand::Planner(_) } => "agentmesh-planner",
             Command::Serve { service: ServeCommand::Executor(_) } => "agentmesh-executor",
+            Command::Serve { service: ServeCommand::Synthesis(_) } => "agentmesh-synthesis",
             Command::Up(_) => "agentmesh",
             Command::Agents(_)
             | Command::Plan(_)
@@ -105,6 +109,7 @@ impl Command {
             Command::Serve { service: ServeCommand::Discovery(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Executor(args) } => args.overrides(),
+            Command::Serve { service: ServeCommand::Synthesis(args) } => args.overrides(),
             Command::Up(args) => args.overrides()?,
             Command::Agents(_)
             | Command::Plan(_)
@@ -119,6 +124,7 @@ impl Command {
             Command::Serve { service: ServeCommand::Discovery(args) } => args.print_config,
             Command::Serve { service: ServeCommand::Planner(args) } => args.print_config,
             Command::Serve { service: ServeCommand::Executor(args) } => args.print_config,
+            Command::Serve { service: ServeCommand::Synthesis(args) } => args.print_config,
             Command::Up(args) => args.print_config,
             Command::Agents(_)
             | Command::Plan(_)
@@ -176,6 +182,9 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         }
         Command::Serve { service: ServeCommand::Executor(_) } => {
             agentmesh_executor::serve(config.executor, shutdown_signal()).await
+        }
+        Command::Serve { service: ServeCommand::Synthesis(_) } => {
+            agentmesh_synthesis::serve(config.synthesis, shutdown_signal()).await
         }
         Command::Run(args) => executions::run(args).await,
         Command::Executions(args) => executions::executions(args).await,

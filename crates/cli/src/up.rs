@@ -1,6 +1,7 @@
 //! `agentmesh up`: the mesh in one process on the embedded default.
-//! Discovery and the executor always run; the planner runs when an LLM is
-//! configured, and the executor then uses it for loop-back.
+//! Discovery and the executor always run; the planner and synthesis run
+//! when an LLM is configured for them, and the executor then uses the
+//! planner for loop-back.
 
 use std::future::Future;
 
@@ -18,14 +19,16 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
         }
     };
     let with_planner = !config.planner.llm.trim().is_empty();
+    let with_synthesis = !config.synthesis.llm.trim().is_empty();
     let discovery_url = format!("http://{}", config.discovery.listen);
     config.planner.discovery_url.clone_from(&discovery_url);
+    config.synthesis.discovery_url.clone_from(&discovery_url);
     config.executor.discovery_url = discovery_url;
     if with_planner {
         config.executor.planner_url = Some(format!("http://{}", config.planner.listen));
     }
     eprintln!(
-        "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}; data in {}",
+        "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}{}; data in {}",
         config.discovery.listen,
         config.executor.listen,
         if with_planner {
@@ -33,17 +36,22 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
         } else {
             ", no planner (pass --llm provider:model to run one)".to_owned()
         },
+        if with_synthesis { format!(", synthesis on {}", config.synthesis.listen) } else { String::new() },
         agentmesh_discovery::redact(&config.discovery.database_url),
     );
     let discovery = agentmesh_discovery::serve(config.discovery, until());
     let executor = agentmesh_executor::serve(config.executor, until());
+    let (planner_stop, synthesis_stop) = (until(), until());
     let planner =
-        async move { if with_planner { agentmesh_planner::serve(config.planner, until()).await } else { Ok(()) } };
+        async move { if with_planner { agentmesh_planner::serve(config.planner, planner_stop).await } else { Ok(()) } };
+    let synthesis = async move {
+        if with_synthesis { agentmesh_synthesis::serve(config.synthesis, synthesis_stop).await } else { Ok(()) }
+    };
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
         Ok::<(), anyhow::Error>(())
     };
-    tokio::try_join!(discovery, executor, planner, signal)?;
+    tokio::try_join!(discovery, executor, planner, synthesis, signal)?;
     Ok(())
 }

@@ -4,10 +4,12 @@
 
 pub mod agent;
 pub mod execution;
+pub mod fence;
 pub mod health;
 pub mod index;
 pub mod pattern;
 pub mod plan;
+pub mod plan_schema;
 pub mod query;
 pub mod reference;
 pub mod schema;

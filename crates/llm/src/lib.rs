@@ -18,6 +18,7 @@
 //! system's roots, timeouts, retries with backoff and jitter).
 
 pub mod anthropic;
+pub mod chain;
 #[cfg(test)]
 mod fuzz;
 pub mod gemini;

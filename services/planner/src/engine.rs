@@ -329,7 +329,7 @@ impl Planner {
                 wanted.contains(id.as_str()) && (Some(&id) == first || several || shares_a_word.contains(&id))
             })
             .collect();
-        if kept.len() < wanted.len() - invented.len() {
+        if kept.len() + invented.len() < selected.len() {
             tracing::debug!(selected = ?selected, kept = kept.len(), "pre-selection picks sharing no word with the request dropped");
         }
         kept.sort_by_key(|c| selected.iter().position(|s| *s == pair_id(c)));

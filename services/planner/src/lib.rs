@@ -10,7 +10,8 @@ pub mod catalog;
 pub mod engine;
 pub mod metrics;
 pub mod prompt;
-pub mod providers;
+/// The provider chain (`--llm a:m,b:m`), shared with the other LLM services.
+pub use agentmesh_llm::chain as providers;
 pub mod routes;
 pub mod service;
 
@@ -34,8 +35,9 @@ pub const SERVICE_NAME: &str = "agentmesh.v1.PlannerService";
 
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};
 
-/// Configuration of the planner service.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Configuration of the planner service (`Debug` hides the passwords in
+/// its URLs).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PlannerConfig {
     /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
@@ -87,6 +89,60 @@ pub struct PlannerConfig {
     pub max_plan_steps: usize,
     /// Largest answer read from an LLM server, whole or streamed, in bytes.
     pub llm_max_response_bytes: usize,
+}
+
+impl std::fmt::Debug for PlannerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so that a new field cannot be left out unnoticed.
+        let Self {
+            listen,
+            discovery_url,
+            database_url,
+            llm,
+            llm_base_url,
+            llm_structured,
+            llm_timeout_secs,
+            llm_retries,
+            llm_ca_file,
+            self_agent_ids,
+            preselect_threshold,
+            parse_retries,
+            hallucination_retries,
+            interaction_retention_hours,
+            interaction_error_retention_hours,
+            health_check_interval_secs,
+            max_request_bytes,
+            request_timeout_secs,
+            max_concurrent_requests,
+            max_query_chars,
+            max_plan_steps,
+            llm_max_response_bytes,
+        } = self;
+        f.debug_struct("PlannerConfig")
+            .field("listen", listen)
+            .field("discovery_url", discovery_url)
+            .field("database_url", &agentmesh_server::redact(database_url))
+            .field("llm", llm)
+            .field("llm_base_url", &llm_base_url.as_deref().map(agentmesh_server::redact))
+            .field("llm_structured", llm_structured)
+            .field("llm_timeout_secs", llm_timeout_secs)
+            .field("llm_retries", llm_retries)
+            .field("llm_ca_file", llm_ca_file)
+            .field("self_agent_ids", self_agent_ids)
+            .field("preselect_threshold", preselect_threshold)
+            .field("parse_retries", parse_retries)
+            .field("hallucination_retries", hallucination_retries)
+            .field("interaction_retention_hours", interaction_retention_hours)
+            .field("interaction_error_retention_hours", interaction_error_retention_hours)
+            .field("health_check_interval_secs", health_check_interval_secs)
+            .field("max_request_bytes", max_request_bytes)
+            .field("request_timeout_secs", request_timeout_secs)
+            .field("max_concurrent_requests", max_concurrent_requests)
+            .field("max_query_chars", max_query_chars)
+            .field("max_plan_steps", max_plan_steps)
+            .field("llm_max_response_bytes", llm_max_response_bytes)
+            .finish()
+    }
 }
 
 impl Default for PlannerConfig {
@@ -258,4 +314,23 @@ pub async fn serve_with_listener(
     .await;
     purge.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_passwords() {
+        let config = PlannerConfig {
+            database_url: "postgres://app:hunter2@db/agentmesh".into(),
+            llm_base_url: Some("https://user:s3cret@llm.internal/v1?api_key=k3y".into()),
+            ..PlannerConfig::default()
+        };
+        let shown = format!("{config:?}");
+        for secret in ["hunter2", "s3cret", "k3y"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("max_query_chars"), "{shown}");
+    }
 }

@@ -53,6 +53,8 @@ fn kind_pb(kind: &str) -> pb::LlmInteractionKind {
         "plan_retry" => pb::LlmInteractionKind::PlanRetry,
         "hallucination_retry" => pb::LlmInteractionKind::HallucinationRetry,
         "replan" => pb::LlmInteractionKind::Replan,
+        "synthesis" => pb::LlmInteractionKind::Synthesis,
+        "review" => pb::LlmInteractionKind::Review,
         _ => pb::LlmInteractionKind::Unspecified,
     }
 }

@@ -382,3 +382,34 @@ async fn a_malformed_reference_is_fed_back_to_the_model() {
     let feedback = user_message(&server.requests()[1].body);
     assert!(feedback.contains("`{{s1.outputs.temp}}` is not a reference"), "{feedback}");
 }
+
+#[tokio::test]
+async fn further_picks_must_share_a_word_with_the_request_unless_it_joins_several_asks() {
+    let picks = r#"{"selected": ["calculation-agent/evaluate", "weather-tool-v2/get_current_weather"]}"#;
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content(picks),
+        plan_with("calculation-agent", "evaluate", json!({"expression": "17*23"})),
+        ScriptedReply::openai_content(picks),
+        plan_with("calculation-agent", "evaluate", json!({"expression": "100*3"})),
+    ])
+    .await
+    .unwrap();
+    let planner = Planner::new(PlannerSettings::default());
+    for query in ["Calculate 17 * 23", "What is the weather in Chicago and what is 100 * 3?"] {
+        planner.plan(&llm(&server), query, &big_catalog()).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let requests = server.requests();
+    let offered = |body: &Value| {
+        body["response_format"]["json_schema"]["schema"]["$defs"]["step1"]["anyOf"]
+            .as_array()
+            .map(|branches| branches.iter().map(|b| b["properties"]["agent"]["const"].to_string()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    assert_eq!(offered(&requests[1].body), ["\"calculation-agent\""], "the weather pick shares no word");
+    assert_eq!(
+        offered(&requests[3].body),
+        ["\"calculation-agent\"", "\"weather-tool-v2\""],
+        "a request joining two asks keeps both, in the model's order"
+    );
+    assert!(user_message(&requests[3].body).contains("The likeliest fit is calculation-agent/evaluate."));
+}

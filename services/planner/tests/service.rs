@@ -63,9 +63,7 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backen
     .await
     .unwrap();
 
-    let listener = bind_local().await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let config = PlannerConfig {
+    let (planner, mut client) = start_planner(PlannerConfig {
         discovery_url: discovery.url(),
         database_url: db.url.clone(),
         llm: "openai:scripted-model".into(),
@@ -73,15 +71,8 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backen
         llm_structured: "json_schema".into(),
         self_agent_ids: vec!["my-orchestrator".into()],
         ..Default::default()
-    };
-    let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
-    let mut client = loop {
-        match PlannerServiceClient::connect(format!("http://{addr}")).await {
-            Ok(c) => break c,
-            Err(_) if !planner.is_finished() => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-            Err(e) => panic!("planner did not start: {e}"),
-        }
-    };
+    })
+    .await;
 
     let response = client
         .create_plan(pb::CreatePlanRequest {

@@ -5,14 +5,12 @@
 
 use std::path::Path;
 
-use agentmesh_llm::anthropic::{ANTHROPIC_BASE_URL, Anthropic, AnthropicConfig};
-use agentmesh_llm::gemini::{GEMINI_BASE_URL, Gemini, GeminiConfig};
-use agentmesh_llm::models::Family;
-use agentmesh_llm::openai::{OPENAI_BASE_URL, OpenAiCompatible, OpenAiConfig};
-use agentmesh_llm::replay::ReplayProvider;
-use agentmesh_llm::{
-    Completion, CompletionRequest, HttpSettings, LlmError, LlmProvider, StructuredMode, StructuredSetting,
-};
+use crate::anthropic::{ANTHROPIC_BASE_URL, Anthropic, AnthropicConfig};
+use crate::gemini::{GEMINI_BASE_URL, Gemini, GeminiConfig};
+use crate::models::Family;
+use crate::openai::{OPENAI_BASE_URL, OpenAiCompatible, OpenAiConfig};
+use crate::replay::ReplayProvider;
+use crate::{Completion, CompletionRequest, HttpSettings, LlmError, LlmProvider, StructuredMode, StructuredSetting};
 use async_trait::async_trait;
 
 /// Tries providers in order.
@@ -70,8 +68,8 @@ impl FallbackChain {
         let mut last = LlmError::Config("no LLM provider configured; pass --llm provider:model".into());
         for provider in self.order(request) {
             let result = match on_text.as_deref_mut() {
-                Some(on_text) => agentmesh_llm::generate_traced(provider, request, Some(on_text)).await,
-                None => agentmesh_llm::generate_traced(provider, request, None).await,
+                Some(on_text) => crate::generate_traced(provider, request, Some(on_text)).await,
+                None => crate::generate_traced(provider, request, None).await,
             };
             match result {
                 Ok(c) => return Ok(c),

@@ -1,0 +1,612 @@
+//! What synthesis and review ask of the model, and what they accept back.
+//! Nothing here does I/O: the service feeds in the outcome of a run and the
+//! catalog, sends the requests built here, and reads the answers with
+//! [`Synthesizer::read_review`].
+//!
+//! Three rules hold whatever the model does:
+//! - every piece of text that came from outside (the query, step outputs,
+//!   errors, descriptions) is fenced as data ([`Fence`]);
+//! - what could not be done is always said: a zero-step plan or a run
+//!   where nothing succeeded is answered without the model, and failed steps
+//!   are listed after the model's answer;
+//! - a review's recovery action is kept only when it can be acted on: an
+//!   `add_step` naming a capability in the catalog, a `retry_step` naming a
+//!   step that did not succeed.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use agentmesh_core::fence::Fence;
+use agentmesh_core::plan::{AllowedCapability, PlanStep, extract_json};
+use agentmesh_llm::{CompletionRequest, Message, ResponseSchema};
+use serde_json::{Value, json};
+
+/// Tuning of synthesis and review.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthesisSettings {
+    /// Most tokens of an answer.
+    pub answer_max_tokens: u32,
+    /// Most tokens of a review.
+    pub review_max_tokens: u32,
+    /// Sampling temperature of answers (reviews use 0).
+    pub temperature: f32,
+    /// Longest step output shown to the model, in characters (longer ones
+    /// are cut, and the prompt says so).
+    pub max_output_chars: usize,
+    /// Most capabilities a review may suggest from (the best matches for the
+    /// query when the catalog is larger).
+    pub review_catalog_size: usize,
+    /// Further attempts after a review that could not be read.
+    pub review_retries: u32,
+}
+
+impl Default for SynthesisSettings {
+    fn default() -> Self {
+        Self {
+            answer_max_tokens: 1024,
+            review_max_tokens: 600,
+            temperature: 0.2,
+            max_output_chars: 4_000,
+            review_catalog_size: 30,
+            review_retries: 1,
+        }
+    }
+}
+
+/// Where a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepState {
+    /// The agent answered.
+    Succeeded,
+    /// The step failed after its last attempt.
+    Failed,
+    /// Not run because a dependency did not succeed.
+    Skipped,
+    /// Stopped by a cancellation.
+    Cancelled,
+    /// No final result was given for it.
+    Unfinished,
+}
+
+impl StepState {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Skipped => "was skipped",
+            Self::Cancelled => "was cancelled",
+            Self::Unfinished => "did not finish",
+        }
+    }
+}
+
+/// One step and how it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// The step as planned.
+    pub step: PlanStep,
+    /// Where it ended.
+    pub state: StepState,
+    /// Its output, when it succeeded.
+    pub output: Option<Value>,
+    /// Why it did not succeed.
+    pub error: String,
+}
+
+/// What a run produced, as synthesis and review see it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunOutcome {
+    /// The user's request.
+    pub query: String,
+    /// The steps in plan order.
+    pub steps: Vec<StepOutcome>,
+    /// Why the plan has no steps, when it has none.
+    pub zero_step_reason: String,
+}
+
+impl RunOutcome {
+    fn not_succeeded(&self) -> impl Iterator<Item = &StepOutcome> {
+        self.steps.iter().filter(|s| s.state != StepState::Succeeded)
+    }
+}
+
+/// How an answer is produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerPlan {
+    /// No model needed: nothing ran or nothing succeeded; this is the answer.
+    Direct(String),
+    /// Ask the model, then append `footer` (the steps that did not succeed).
+    Model {
+        /// The request to stream.
+        request: CompletionRequest,
+        /// Text appended after the model's answer.
+        footer: Option<String>,
+    },
+}
+
+/// The kinds of recovery a review may suggest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Run another capability.
+    AddStep {
+        /// Agent id (in the catalog).
+        agent: String,
+        /// Capability id (of that agent, in the catalog).
+        capability: String,
+        /// What the new step should do.
+        query: String,
+        /// Why it helps.
+        reason: String,
+    },
+    /// Run a step that did not succeed again.
+    RetryStep {
+        /// The step.
+        step_id: String,
+        /// Why it helps.
+        reason: String,
+    },
+    /// Only the user can supply what is missing.
+    AskUser {
+        /// What to ask.
+        reason: String,
+    },
+}
+
+/// A review as read from the model and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Whether the results answer the request.
+    pub goal_achieved: bool,
+    /// From 0 to 1.
+    pub confidence: f64,
+    /// What was and was not achieved.
+    pub summary: String,
+    /// What the user asked for that is not in the results.
+    pub missing_data: Vec<String>,
+    /// What to do next (empty when the goal was achieved).
+    pub actions: Vec<Action>,
+    /// Suggestions that were dropped, each with the reason.
+    pub dropped: Vec<String>,
+}
+
+/// Builds prompts and reads answers.
+#[derive(Debug, Clone, Default)]
+pub struct Synthesizer {
+    settings: SynthesisSettings,
+}
+
+fn truncate_chars(text: &str, max: usize) -> (String, bool) {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => (text[..cut].to_owned(), true),
+        None => (text.to_owned(), false),
+    }
+}
+
+/// `agent/capability` of a step.
+fn tool(step: &PlanStep) -> String {
+    format!("{}/{}", step.agent, step.capability)
+}
+
+/// The steps that did not succeed, one line each (for users, not models).
+fn failure_lines(outcome: &RunOutcome) -> String {
+    let mut out = String::new();
+    for s in outcome.not_succeeded() {
+        let _ = write!(out, "\n- {} ({}) {}", s.step.step_id, tool(&s.step), s.state.describe());
+        if !s.error.trim().is_empty() {
+            let _ = write!(out, ": {}", s.error.trim());
+        }
+    }
+    out
+}
+
+impl Synthesizer {
+    /// A synthesizer with these settings.
+    pub fn new(settings: SynthesisSettings) -> Self {
+        Self { settings }
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &SynthesisSettings {
+        &self.settings
+    }
+
+    /// The results section of a prompt: each step, how it ended, and its
+    /// output or error fenced as data.
+    fn results_text(&self, outcome: &RunOutcome, fence: &Fence) -> String {
+        let mut out = String::new();
+        for s in &outcome.steps {
+            let _ = write!(out, "\nStep {} ({}) {}", s.step.step_id, tool(&s.step), s.state.describe());
+            if !s.step.instruction.trim().is_empty() {
+                let _ =
+                    write!(out, "; it was asked to: {}", agentmesh_core::fence::neutralise(s.step.instruction.trim()));
+            }
+            match (&s.state, &s.output) {
+                (StepState::Succeeded, Some(output)) => {
+                    let text = match output {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let (text, cut) = truncate_chars(&text, self.settings.max_output_chars);
+                    let label = if cut { "output (cut short)" } else { "output" };
+                    let _ = write!(out, ".\n{}\n", fence.wrap(&format!("{label} of {}", s.step.step_id), &text));
+                }
+                (StepState::Succeeded, None) => out.push_str(", with no output.\n"),
+                _ if !s.error.trim().is_empty() => {
+                    let (text, _) = truncate_chars(s.error.trim(), 500);
+                    let _ = write!(out, ".\n{}\n", fence.wrap(&format!("error of {}", s.step.step_id), &text));
+                }
+                _ => out.push_str(".\n"),
+            }
+        }
+        out
+    }
+
+    /// How to answer `outcome`.
+    pub fn answer(&self, outcome: &RunOutcome, fence: &Fence) -> AnswerPlan {
+        if outcome.steps.is_empty() {
+            let reason = outcome.zero_step_reason.trim();
+            let reason = if reason.is_empty() { "the planner gave no reason" } else { reason };
+            return AnswerPlan::Direct(format!(
+                "Nothing was run for this request: none of the available tools can do it. Reason: {reason}"
+            ));
+        }
+        if outcome.steps.iter().all(|s| s.state != StepState::Succeeded) {
+            return AnswerPlan::Direct(format!(
+                "The request could not be answered: none of its steps succeeded.{}",
+                failure_lines(outcome)
+            ));
+        }
+        let system = format!(
+            "You write the final answer to a user's request from the results of the tools that were run for it. \
+             Answer the request directly and briefly, in plain text. Use only facts found in the results; never \
+             invent values. If a step failed, say what could not be found out. {}",
+            fence.rule()
+        );
+        let user = format!(
+            "The request:\n{}\n\nThe results:{}\nWrite the answer to the request.",
+            fence.wrap("request", &outcome.query),
+            self.results_text(outcome, fence)
+        );
+        let failures = failure_lines(outcome);
+        AnswerPlan::Model {
+            request: CompletionRequest {
+                messages: vec![Message::system(system), Message::user(user)],
+                temperature: Some(self.settings.temperature),
+                max_tokens: Some(self.settings.answer_max_tokens),
+                ..Default::default()
+            },
+            footer: (!failures.is_empty()).then(|| format!("\n\nNot done:{failures}")),
+        }
+    }
+
+    /// The capabilities a review may suggest: all of them when few, else
+    /// the best matches for the query.
+    pub fn review_candidates<'c>(&self, query: &str, catalog: &'c [AllowedCapability]) -> Vec<&'c AllowedCapability> {
+        if catalog.len() <= self.settings.review_catalog_size {
+            return catalog.iter().collect();
+        }
+        agentmesh_planner::bm25::rank(query, catalog)
+            .into_iter()
+            .take(self.settings.review_catalog_size)
+            .map(|(i, _)| &catalog[i])
+            .collect()
+    }
+
+    /// The schema of a review: the summary first (a small model reasons in
+    /// it before it judges), then the judgement; names limited to what can
+    /// be acted on.
+    pub fn review_schema(&self, outcome: &RunOutcome, candidates: &[&AllowedCapability]) -> Value {
+        let mut agents: Vec<&str> = candidates.iter().map(|c| c.agent.as_str()).collect();
+        agents.sort_unstable();
+        agents.dedup();
+        agents.push("");
+        let mut capabilities: Vec<&str> = candidates.iter().map(|c| c.capability.as_str()).collect();
+        capabilities.sort_unstable();
+        capabilities.dedup();
+        capabilities.push("");
+        let mut steps: Vec<&str> = outcome.not_succeeded().map(|s| s.step.step_id.as_str()).collect();
+        steps.push("");
+        json!({
+            "type": "object",
+            "properties": {
+                "summary": {"type": "string", "minLength": 1, "maxLength": 400},
+                "missing_data": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "maxItems": 5},
+                "goal_achieved": {"type": "boolean"},
+                "confidence": {"type": "number"},
+                "recovery_actions": {"type": "array", "maxItems": 3, "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string", "enum": ["add_step", "retry_step", "ask_user"]},
+                        "agent": {"type": "string", "enum": agents},
+                        "capability": {"type": "string", "enum": capabilities},
+                        "step_id": {"type": "string", "enum": steps},
+                        "query": {"type": "string", "maxLength": 300},
+                        "reason": {"type": "string", "minLength": 1, "maxLength": 200}
+                    },
+                    "required": ["kind", "agent", "capability", "step_id", "query", "reason"],
+                    "additionalProperties": false
+                }}
+            },
+            "required": ["summary", "missing_data", "goal_achieved", "confidence", "recovery_actions"],
+            "additionalProperties": false
+        })
+    }
+
+    /// The review request for `outcome` and its `answer`.
+    pub fn review_request(
+        &self,
+        outcome: &RunOutcome,
+        answer: &str,
+        candidates: &[&AllowedCapability],
+        fence: &Fence,
+    ) -> CompletionRequest {
+        let system = format!(
+            "You review whether the results of a run achieve the user's request. Judge only from the results. \
+             Answer with one JSON object: summary (what was and was not achieved), missing_data (what the user \
+             asked for that the results do not contain), goal_achieved (true or false), confidence (0 to 1), \
+             and recovery_actions (empty when the goal was achieved). A recovery action is add_step (run one of \
+             the listed tools: set agent, capability and query), retry_step (run a step that did not succeed \
+             again: set step_id) or ask_user (only the user can supply what is missing). Leave unused fields \
+             empty. {}",
+            fence.rule()
+        );
+        let mut tools = String::new();
+        for c in candidates {
+            let _ = write!(tools, "\n- agent {} capability {}: {}", c.agent, c.capability, c.description);
+        }
+        let tools = if tools.is_empty() { "\n(none)".to_owned() } else { tools };
+        let user = format!(
+            "The request:\n{}\n\nThe results:{}\nThe answer given:\n{}\n\nTools that recovery may use:{}",
+            fence.wrap("request", &outcome.query),
+            if outcome.steps.is_empty() {
+                format!("\nNo step was run: {}\n", fence.wrap("planner's reason", &outcome.zero_step_reason))
+            } else {
+                self.results_text(outcome, fence)
+            },
+            fence.wrap("answer", answer),
+            agentmesh_core::fence::neutralise(&tools)
+        );
+        CompletionRequest {
+            messages: vec![Message::system(system), Message::user(user)],
+            temperature: Some(0.0),
+            max_tokens: Some(self.settings.review_max_tokens),
+            response_schema: Some(ResponseSchema {
+                name: "review".into(),
+                schema: self.review_schema(outcome, candidates),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Reads a review answer, tolerantly (prose around the JSON, strings for
+    /// booleans and numbers, a percentage for the confidence, other
+    /// spellings of the action kinds), and keeps only actions that can be
+    /// acted on. The error says what is wrong, to be fed back to the model.
+    pub fn read_review(
+        &self,
+        answer: &str,
+        outcome: &RunOutcome,
+        catalog: &[AllowedCapability],
+    ) -> Result<Verdict, String> {
+        let json = extract_json(answer).ok_or("the answer contains no JSON object")?;
+        let value: Value = serde_json::from_str(json).map_err(|e| format!("the answer is not valid JSON: {e}"))?;
+        let goal_achieved = match value.get("goal_achieved") {
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(s)) if matches!(s.trim().to_ascii_lowercase().as_str(), "true" | "yes") => true,
+            Some(Value::String(s)) if matches!(s.trim().to_ascii_lowercase().as_str(), "false" | "no") => false,
+            _ => return Err("`goal_achieved` must be true or false".into()),
+        };
+        let confidence = match value.get("confidence") {
+            Some(Value::Number(n)) => n.as_f64().unwrap_or(0.5),
+            Some(Value::String(s)) => s.trim().trim_end_matches('%').parse::<f64>().unwrap_or(0.5),
+            _ => 0.5,
+        };
+        let confidence = if confidence > 1.0 && confidence <= 100.0 { confidence / 100.0 } else { confidence };
+        let confidence = if confidence.is_finite() { confidence.clamp(0.0, 1.0) } else { 0.5 };
+        let summary = value.get("summary").and_then(Value::as_str).unwrap_or_default().trim().to_owned();
+        let missing_data: Vec<String> = match value.get("missing_data") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Some(Value::String(s)) if !s.trim().is_empty() => vec![s.trim().to_owned()],
+            _ => Vec::new(),
+        };
+        let mut verdict =
+            Verdict { goal_achieved, confidence, summary, missing_data, actions: Vec::new(), dropped: Vec::new() };
+        let suggested = value.get("recovery_actions").and_then(Value::as_array).cloned().unwrap_or_default();
+        if goal_achieved {
+            if !suggested.is_empty() {
+                verdict
+                    .dropped
+                    .push(format!("{} recovery action(s) ignored: the goal was judged achieved", suggested.len()));
+            }
+            return Ok(verdict);
+        }
+        let retryable: HashSet<&str> = outcome.not_succeeded().map(|s| s.step.step_id.as_str()).collect();
+        for item in suggested {
+            match self.read_action(&item, &retryable, catalog) {
+                Ok(action) if verdict.actions.contains(&action) => {}
+                Ok(action) if verdict.actions.len() >= 3 => {
+                    verdict.dropped.push(format!("{action:?} dropped: at most 3 recovery actions are kept"));
+                }
+                Ok(action) => verdict.actions.push(action),
+                Err(why) => verdict.dropped.push(why),
+            }
+        }
+        Ok(verdict)
+    }
+
+    fn read_action(
+        &self,
+        item: &Value,
+        retryable: &HashSet<&str>,
+        catalog: &[AllowedCapability],
+    ) -> Result<Action, String> {
+        let text = |key: &str| -> String {
+            item.get(key)
+                .or_else(|| item.get("collaboration").and_then(|c| c.get(key)))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        let kind = text("kind").to_ascii_lowercase().replace(['-', ' '], "_");
+        let kind = kind.trim_start_matches("recovery_action_kind_");
+        let reason = text("reason");
+        match kind {
+            "add_step" | "add" => {
+                let (agent, capability) = (text("agent"), text("capability"));
+                if !catalog.iter().any(|c| c.agent == agent && c.capability == capability) {
+                    return Err(format!(
+                        "add_step dropped: `{agent}/{capability}` is not in the catalog (an invented or unhealthy tool)"
+                    ));
+                }
+                let query = text("query");
+                let query = if query.is_empty() { reason.clone() } else { query };
+                if query.is_empty() {
+                    return Err(format!("add_step dropped: `{agent}/{capability}` comes with no query"));
+                }
+                Ok(Action::AddStep { agent, capability, query, reason })
+            }
+            "retry_step" | "retry" => {
+                let step_id = text("step_id");
+                if !retryable.contains(step_id.as_str()) {
+                    return Err(format!("retry_step dropped: `{step_id}` is not a step that failed"));
+                }
+                Ok(Action::RetryStep { step_id, reason })
+            }
+            "ask_user" | "ask" => Ok(Action::AskUser { reason }),
+            other => Err(format!("recovery action dropped: unknown kind `{other}`")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentmesh_core::CapabilityKind;
+
+    fn step(id: &str, agent: &str, capability: &str) -> PlanStep {
+        PlanStep {
+            step_id: id.into(),
+            agent: agent.into(),
+            capability: capability.into(),
+            instruction: String::new(),
+            parameters: json!({}),
+            depends_on: Vec::new(),
+        }
+    }
+
+    fn outcome() -> RunOutcome {
+        RunOutcome {
+            query: "Weather in Chicago and the time there".into(),
+            steps: vec![
+                StepOutcome {
+                    step: step("s1", "weather", "get"),
+                    state: StepState::Succeeded,
+                    output: Some(json!({"temp_c": 21})),
+                    error: String::new(),
+                },
+                StepOutcome {
+                    step: step("s2", "clock", "now"),
+                    state: StepState::Failed,
+                    output: None,
+                    error: "HTTP 503 after 3 attempts".into(),
+                },
+            ],
+            zero_step_reason: String::new(),
+        }
+    }
+
+    fn catalog() -> Vec<AllowedCapability> {
+        ["weather/get", "clock/now", "tz/lookup"]
+            .iter()
+            .map(|t| {
+                let (agent, capability) = t.split_once('/').unwrap_or_default();
+                AllowedCapability {
+                    agent: agent.into(),
+                    capability: capability.into(),
+                    kind: CapabilityKind::Skill,
+                    description: String::new(),
+                    input_schema: None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn zero_steps_and_total_failure_are_answered_without_the_model() {
+        let s = Synthesizer::default();
+        let fence = Fence::with_nonce("n");
+        let zero = RunOutcome { query: "time?".into(), steps: vec![], zero_step_reason: "no clock tool".into() };
+        let AnswerPlan::Direct(text) = s.answer(&zero, &fence) else { panic!("model asked") };
+        assert!(text.contains("Reason: no clock tool"), "{text}");
+        let mut failed = outcome();
+        failed.steps[0].state = StepState::Skipped;
+        failed.steps[0].error = "dependency failed".into();
+        let AnswerPlan::Direct(text) = s.answer(&failed, &fence) else { panic!("model asked") };
+        assert!(text.contains("- s2 (clock/now) failed: HTTP 503 after 3 attempts"), "{text}");
+        assert!(text.contains("- s1 (weather/get) was skipped: dependency failed"), "{text}");
+    }
+
+    #[test]
+    fn partial_failure_is_listed_after_the_answer() {
+        let s = Synthesizer::default();
+        let AnswerPlan::Model { request, footer } = s.answer(&outcome(), &Fence::with_nonce("n")) else {
+            panic!("no model")
+        };
+        assert_eq!(footer.as_deref(), Some("\n\nNot done:\n- s2 (clock/now) failed: HTTP 503 after 3 attempts"));
+        let prompt = &request.messages[1].content;
+        assert!(prompt.contains("⟦data n output of s1⟧\n{\"temp_c\":21}\n⟦/data n⟧"), "{prompt}");
+    }
+
+    #[test]
+    fn reviews_are_read_tolerantly_and_only_actionable_actions_kept() {
+        let s = Synthesizer::default();
+        let answer = r#"Sure! {"summary": "no time", "goal_achieved": "no", "confidence": "80%",
+            "missing_data": "local time", "recovery_actions": [
+              {"kind": "ADD_STEP", "agent": "time-tool-v1", "capability": "now", "query": "time", "reason": "r"},
+              {"kind": "add_step", "agent": "tz", "capability": "lookup", "query": "", "reason": "find the zone"},
+              {"kind": "retry_step", "step_id": "s1", "reason": "again"},
+              {"kind": "retry", "step_id": "s2", "reason": "transient"},
+              {"kind": "retry", "step_id": "s2", "reason": "transient"},
+              {"kind": "dance"}]}"#;
+        let v = s.read_review(answer, &outcome(), &catalog()).unwrap();
+        assert!(!v.goal_achieved);
+        assert!((v.confidence - 0.8).abs() < 1e-9);
+        assert_eq!(v.missing_data, ["local time"]);
+        assert_eq!(
+            v.actions,
+            [
+                Action::AddStep {
+                    agent: "tz".into(),
+                    capability: "lookup".into(),
+                    query: "find the zone".into(),
+                    reason: "find the zone".into()
+                },
+                Action::RetryStep { step_id: "s2".into(), reason: "transient".into() },
+            ]
+        );
+        assert_eq!(v.dropped.len(), 3, "{:?}", v.dropped);
+        assert!(v.dropped[0].contains("time-tool-v1/now` is not in the catalog"), "{:?}", v.dropped);
+        assert!(v.dropped[1].contains("`s1` is not a step that failed"), "{:?}", v.dropped);
+    }
+
+    #[test]
+    fn unreadable_reviews_say_why() {
+        let s = Synthesizer::default();
+        assert_eq!(s.read_review("fine", &outcome(), &[]), Err("the answer contains no JSON object".into()));
+        assert_eq!(
+            s.read_review(r#"{"summary": "x"}"#, &outcome(), &[]),
+            Err("`goal_achieved` must be true or false".into())
+        );
+        let done =
+            s.read_review(r#"{"goal_achieved": true, "confidence": 7e300, "recovery_actions": [{}]}"#, &outcome(), &[]);
+        let done = done.unwrap();
+        assert!(done.actions.is_empty() && done.dropped.len() == 1 && done.confidence == 1.0);
+    }
+}
