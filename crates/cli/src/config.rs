@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_executor::ExecutorConfig;
+use agentmesh_gateway::GatewayConfig;
 use agentmesh_planner::PlannerConfig;
 use agentmesh_synthesis::SynthesisConfig;
 use agentmesh_telemetry::TelemetryConfig;
@@ -29,6 +30,8 @@ pub struct Config {
     pub executor: ExecutorConfig,
     /// `[synthesis]` section.
     pub synthesis: SynthesisConfig,
+    /// `[gateway]` section.
+    pub gateway: GatewayConfig,
     /// `[telemetry]` section: logs and trace export, for every command.
     pub telemetry: TelemetryConfig,
 }
@@ -47,7 +50,7 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
         Env::prefixed("AGENTMESH_")
             .filter(|key| {
                 let key = key.as_str().to_ascii_lowercase();
-                ["discovery__", "planner__", "executor__", "synthesis__", "telemetry__"]
+                ["discovery__", "planner__", "executor__", "synthesis__", "gateway__", "telemetry__"]
                     .iter()
                     .any(|section| key.starts_with(section))
             })
@@ -246,6 +249,7 @@ impl UpArgs {
             ("AGENTMESH_PLANNER__DATABASE_URL", "planner.database_url"),
             ("AGENTMESH_EXECUTOR__DATABASE_URL", "executor.database_url"),
             ("AGENTMESH_SYNTHESIS__DATABASE_URL", "synthesis.database_url"),
+            ("AGENTMESH_GATEWAY__DATABASE_URL", "gateway.database_url"),
         ] {
             if std::env::var_os(variable).is_none() {
                 push(&mut out, key, Some(embedded.clone()));
@@ -381,6 +385,46 @@ impl SynthesisArgs {
         push(&mut out, "synthesis.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
         push(&mut out, "synthesis.answer_max_tokens", self.answer_max_tokens);
         push(&mut out, "synthesis.health_check_interval_secs", self.health_check_interval_secs);
+        out
+    }
+}
+
+/// Flags of `agentmesh serve gateway`.
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// Address serving gRPC and HTTP (the REST API, /metrics, /healthz, /readyz) [default: 127.0.0.1:7404].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// The planner's address [default: http://127.0.0.1:7401].
+    #[arg(long)]
+    pub planner: Option<String>,
+    /// The executor's address [default: http://127.0.0.1:7402].
+    #[arg(long)]
+    pub executor: Option<String>,
+    /// The synthesis service's address [default: http://127.0.0.1:7403].
+    #[arg(long)]
+    pub synthesis: Option<String>,
+    /// Seconds an orchestration may take [default: 900].
+    #[arg(long, value_name = "SECONDS")]
+    pub request_timeout_secs: Option<f64>,
+    /// Database keeping orchestration messages for resuming [default: sqlite://agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<SecretUrl>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl GatewayArgs {
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, "gateway.listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, "gateway.planner_url", self.planner.clone());
+        push(&mut out, "gateway.executor_url", self.executor.clone());
+        push(&mut out, "gateway.synthesis_url", self.synthesis.clone());
+        push(&mut out, "gateway.request_timeout_secs", self.request_timeout_secs);
+        push(&mut out, "gateway.database_url", self.database_url.as_ref().map(SecretUrl::expose));
         out
     }
 }

@@ -150,6 +150,11 @@ fn describe(event: &pb::ExecutionEvent) -> String {
         pb::ExecutionEventKind::ExecutionCompleted => "execution completed".into(),
         pb::ExecutionEventKind::ExecutionFailed => format!("execution failed: {}", event.error),
         pb::ExecutionEventKind::ExecutionCancelled => format!("execution cancelled: {}", event.error),
+        pb::ExecutionEventKind::ExecutionExtended => {
+            let added: Vec<String> =
+                event.added_steps.iter().map(|s| format!("{} ({}:{})", s.step_id, s.agent, s.capability)).collect();
+            format!("execution extended ({}): {}", event.error, added.join(", "))
+        }
         pb::ExecutionEventKind::Unspecified => format!("{} {step}", kind_name(event.kind)),
     }
 }

@@ -6,6 +6,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod agents;
+mod ask;
 mod config;
 mod connect;
 mod executions;
@@ -42,6 +43,9 @@ enum Command {
     Up(config::UpArgs),
     /// Register, inspect and remove agents in a running discovery service.
     Agents(agents::AgentsArgs),
+    /// Ask the gateway: plan, run, answer and review a request, printing
+    /// each event as it happens and the answer as it streams.
+    Ask(ask::AskArgs),
     /// Ask a running planner for a plan (a dry run: nothing is executed).
     Plan(plan::PlanArgs),
     /// List the LLM calls the planner made for a request.
@@ -62,6 +66,9 @@ enum ServeCommand {
     Executor(config::ExecutorArgs),
     /// The synthesis service: streams answers and reviews them; gRPC and HTTP on one port.
     Synthesis(config::SynthesisArgs),
+    /// The gateway: plan, execute, synthesize and review in one call; gRPC
+    /// and REST/SSE on one port.
+    Gateway(config::GatewayArgs),
 }
 
 async fn shutdown_signal() {
@@ -94,8 +101,10 @@ impl Command {
             Command::Serve { service: ServeCommand::Planner(_) } => "agentmesh-planner",
             Command::Serve { service: ServeCommand::Executor(_) } => "agentmesh-executor",
             Command::Serve { service: ServeCommand::Synthesis(_) } => "agentmesh-synthesis",
+            Command::Serve { service: ServeCommand::Gateway(_) } => "agentmesh-gateway",
             Command::Up(_) => "agentmesh",
             Command::Agents(_)
+            | Command::Ask(_)
             | Command::Plan(_)
             | Command::Interactions(_)
             | Command::Run(_)
@@ -110,8 +119,10 @@ impl Command {
             Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Executor(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Synthesis(args) } => args.overrides(),
+            Command::Serve { service: ServeCommand::Gateway(args) } => args.overrides(),
             Command::Up(args) => args.overrides()?,
             Command::Agents(_)
+            | Command::Ask(_)
             | Command::Plan(_)
             | Command::Interactions(_)
             | Command::Run(_)
@@ -125,8 +136,10 @@ impl Command {
             Command::Serve { service: ServeCommand::Planner(args) } => args.print_config,
             Command::Serve { service: ServeCommand::Executor(args) } => args.print_config,
             Command::Serve { service: ServeCommand::Synthesis(args) } => args.print_config,
+            Command::Serve { service: ServeCommand::Gateway(args) } => args.print_config,
             Command::Up(args) => args.print_config,
             Command::Agents(_)
+            | Command::Ask(_)
             | Command::Plan(_)
             | Command::Interactions(_)
             | Command::Run(_)
@@ -186,6 +199,10 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::Serve { service: ServeCommand::Synthesis(_) } => {
             agentmesh_synthesis::serve(config.synthesis, shutdown_signal()).await
         }
+        Command::Serve { service: ServeCommand::Gateway(_) } => {
+            agentmesh_gateway::serve(config.gateway, shutdown_signal()).await
+        }
+        Command::Ask(args) => ask::ask(args).await,
         Command::Run(args) => executions::run(args).await,
         Command::Executions(args) => executions::executions(args).await,
         Command::Agents(args) => agents::run(args).await,

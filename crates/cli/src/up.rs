@@ -1,7 +1,7 @@
 //! `agentmesh up`: the mesh in one process on the embedded default.
 //! Discovery and the executor always run; the planner and synthesis run
 //! when an LLM is configured for them, and the executor then uses the
-//! planner for loop-back.
+//! planner for loop-back; with both, the gateway runs in front.
 
 use std::future::Future;
 
@@ -23,12 +23,16 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
     let discovery_url = format!("http://{}", config.discovery.listen);
     config.planner.discovery_url.clone_from(&discovery_url);
     config.synthesis.discovery_url.clone_from(&discovery_url);
+    let with_gateway = with_planner && with_synthesis;
+    config.gateway.planner_url = format!("http://{}", config.planner.listen);
+    config.gateway.executor_url = format!("http://{}", config.executor.listen);
+    config.gateway.synthesis_url = format!("http://{}", config.synthesis.listen);
     config.executor.discovery_url = discovery_url;
     if with_planner {
         config.executor.planner_url = Some(format!("http://{}", config.planner.listen));
     }
     eprintln!(
-        "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}{}; data in {}",
+        "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}{}{}; data in {}",
         config.discovery.listen,
         config.executor.listen,
         if with_planner {
@@ -37,21 +41,28 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
             ", no planner (pass --llm provider:model to run one)".to_owned()
         },
         if with_synthesis { format!(", synthesis on {}", config.synthesis.listen) } else { String::new() },
+        if with_gateway {
+            format!(", gateway on {} (agentmesh ask \"…\")", config.gateway.listen)
+        } else {
+            String::new()
+        },
         agentmesh_discovery::redact(&config.discovery.database_url),
     );
     let discovery = agentmesh_discovery::serve(config.discovery, until());
     let executor = agentmesh_executor::serve(config.executor, until());
-    let (planner_stop, synthesis_stop) = (until(), until());
+    let (planner_stop, synthesis_stop, gateway_stop) = (until(), until(), until());
     let planner =
         async move { if with_planner { agentmesh_planner::serve(config.planner, planner_stop).await } else { Ok(()) } };
     let synthesis = async move {
         if with_synthesis { agentmesh_synthesis::serve(config.synthesis, synthesis_stop).await } else { Ok(()) }
     };
+    let gateway =
+        async move { if with_gateway { agentmesh_gateway::serve(config.gateway, gateway_stop).await } else { Ok(()) } };
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);
         Ok::<(), anyhow::Error>(())
     };
-    tokio::try_join!(discovery, executor, planner, synthesis, signal)?;
+    tokio::try_join!(discovery, executor, planner, synthesis, gateway, signal)?;
     Ok(())
 }

@@ -90,9 +90,11 @@ pub enum EventKind {
     ExecutionFailed,
     /// The execution was cancelled.
     ExecutionCancelled,
+    /// A finished execution was given more steps and runs again.
+    ExecutionExtended,
 }
 
-const KINDS: [(EventKind, &str); 12] = [
+const KINDS: [(EventKind, &str); 13] = [
     (EventKind::ExecutionStarted, "execution_started"),
     (EventKind::StepStarted, "step_started"),
     (EventKind::StepRetrying, "step_retrying"),
@@ -105,6 +107,7 @@ const KINDS: [(EventKind, &str); 12] = [
     (EventKind::ExecutionCompleted, "execution_completed"),
     (EventKind::ExecutionFailed, "execution_failed"),
     (EventKind::ExecutionCancelled, "execution_cancelled"),
+    (EventKind::ExecutionExtended, "execution_extended"),
 ];
 
 impl EventKind {
@@ -428,6 +431,17 @@ impl ExecutionState {
                         self.steps.push(StepState::new(added.clone()));
                     }
                 }
+            }
+            EventKind::ExecutionExtended => {
+                for added in &event.payload.added_steps {
+                    if !self.index.contains_key(&added.step_id) {
+                        self.index.insert(added.step_id.clone(), self.steps.len());
+                        self.steps.push(StepState::new(added.clone()));
+                    }
+                }
+                self.status = ExecutionStatus::Running;
+                self.error.clear();
+                self.finished_at = None;
             }
             EventKind::ExecutionCompleted | EventKind::ExecutionFailed | EventKind::ExecutionCancelled => {
                 self.status = event.kind.final_status().unwrap_or(self.status);

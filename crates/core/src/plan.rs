@@ -134,6 +134,39 @@ pub fn extract_json(answer: &str) -> Option<&str> {
     None
 }
 
+/// `json` with raw control characters inside its strings escaped (`\n`,
+/// `\t`, `\u0001`…): models often put a raw line break in a string, which
+/// JSON forbids but which means nothing else.
+pub fn escape_control_in_strings(json: &str) -> std::borrow::Cow<'_, str> {
+    if !json.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        match c {
+            _ if escaped => {
+                escaped = false;
+                out.push(c);
+            }
+            '\\' if in_string => {
+                escaped = true;
+                out.push(c);
+            }
+            '"' => {
+                in_string = !in_string;
+                out.push(c);
+            }
+            '\n' if in_string => out.push_str("\\n"),
+            '\r' if in_string => out.push_str("\\r"),
+            '\t' if in_string => out.push_str("\\t"),
+            c if in_string && c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Parses a plan from a model's answer.
 pub fn parse_plan(answer: &str) -> Result<Plan, PlanParseError> {
     let json = extract_json(answer).ok_or(PlanParseError::NoJson)?;
@@ -478,11 +511,20 @@ fn cycle(steps: &[PlanStep]) -> Option<Vec<String>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn weather() -> AllowedCapability {
+    #[test]
+    fn raw_control_characters_in_strings_are_escaped() {
+        let raw = "{\"summary\": \"line one\nline\ttwo\u{1}\",\n \"ok\": true}";
+        let fixed = escape_control_in_strings(raw);
+        let value: Value = serde_json::from_str(&fixed).unwrap();
+        assert_eq!(value["summary"], "line one\nline\ttwo\u{1}");
+        assert!(matches!(escape_control_in_strings("{\"a\": 1}"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    pub(crate) fn weather() -> AllowedCapability {
         AllowedCapability {
             agent: "weather-tool-v2".into(),
             capability: "get_current_weather".into(),
@@ -494,7 +536,7 @@ mod tests {
         }
     }
 
-    fn math() -> AllowedCapability {
+    pub(crate) fn math() -> AllowedCapability {
         AllowedCapability {
             agent: "calculation-agent".into(),
             capability: "evaluate".into(),

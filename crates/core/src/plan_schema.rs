@@ -257,33 +257,9 @@ pub fn plan_schema(allowed: &[AllowedCapability], bounds: &PlanBounds) -> Value 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::CapabilityKind;
+    use crate::plan::tests::{math, weather};
     use crate::schema::validate_instance;
     use serde_json::json;
-
-    fn weather() -> AllowedCapability {
-        AllowedCapability {
-            agent: "weather-tool-v2".into(),
-            capability: "get_current_weather".into(),
-            kind: CapabilityKind::Skill,
-            description: "Current weather for a location".into(),
-            input_schema: Some(
-                json!({"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"], "additionalProperties": false}),
-            ),
-        }
-    }
-
-    fn math() -> AllowedCapability {
-        AllowedCapability {
-            agent: "calculation-agent".into(),
-            capability: "evaluate".into(),
-            kind: CapabilityKind::Reasoner,
-            description: "Evaluates arithmetic".into(),
-            input_schema: Some(
-                json!({"type": "object", "properties": {"expression": {"type": "string"}, "precision": {"type": "integer"}, "exact": {"type": "boolean"}}, "required": ["expression"]}),
-            ),
-        }
-    }
 
     fn schema_errors(schema: &Value, plan: Value) -> Vec<String> {
         validate_instance(schema, &plan)

@@ -106,8 +106,12 @@ impl LlmProvider for ReplayProvider {
         };
         used[i] = true;
         let text = entry.parts().1;
+        // Streamed a word at a time, like a model, so that streaming clients
+        // show it arriving.
         if let Some(on_text) = on_text {
-            on_text(text);
+            for piece in text.split_inclusive(' ') {
+                on_text(piece);
+            }
         }
         Ok(Completion {
             text: text.to_owned(),
@@ -148,5 +152,19 @@ mod tests {
         assert_eq!(ask(&p, "something else").unwrap(), "second");
         let err = ask(&p, "more").unwrap_err().to_string();
         assert!(err.contains("no answer left"), "{err}");
+    }
+
+    #[test]
+    fn streams_a_word_at_a_time() {
+        let p = ReplayProvider::new("inline".into(), vec![ReplayEntry::Text("It is 21 °C in Chicago.".into())]);
+        let request = CompletionRequest { messages: vec![Message::user("weather")], ..Default::default() };
+        let mut pieces = Vec::new();
+        let completion = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(p.stream(&request, &mut |t: &str| pieces.push(t.to_owned())))
+            .unwrap();
+        assert_eq!(pieces, ["It ", "is ", "21 ", "°C ", "in ", "Chicago."]);
+        assert_eq!(completion.text, pieces.concat());
     }
 }

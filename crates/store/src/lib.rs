@@ -6,6 +6,7 @@
 pub mod executions;
 mod interactions;
 mod migrate;
+pub mod orchestrations;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -21,6 +22,7 @@ use tokio::sync::broadcast;
 
 pub use executions::{ExecutionStore, PostgresExecutions, SqliteExecutions};
 pub use interactions::{InteractionLog, InteractionRecord, Retention};
+pub use orchestrations::{OrchestrationEvent, OrchestrationLog};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -192,6 +194,29 @@ pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn Interacti
         Opened::Sqlite(store) => (Arc::new(store), "sqlite"),
     };
     Ok(Arc::new(traced::TracedInteractionLog { inner, backend }))
+}
+
+/// Opens the gateway's orchestration event log in the database a URL names
+/// (running migrations).
+pub async fn connect_orchestration_log(url: &str) -> StoreResult<Arc<dyn OrchestrationLog>> {
+    Ok(match open(url).await? {
+        Opened::Postgres(store) => Arc::new(store),
+        Opened::Sqlite(store) => Arc::new(store),
+    })
+}
+
+/// Deletes expired interactions every ten minutes until the returned task
+/// is aborted (the first pass runs at once).
+pub fn spawn_interaction_purge(log: Arc<dyn InteractionLog>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(600));
+        loop {
+            tick.tick().await;
+            if let Err(e) = log.purge_expired(chrono::Utc::now()).await {
+                tracing::warn!(error = %e, "could not purge expired LLM interactions");
+            }
+        }
+    })
 }
 
 /// Opens the execution store in the database a URL names (running migrations).

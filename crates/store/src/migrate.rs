@@ -36,4 +36,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0003_executions.sql"),
         sqlite: include_str!("../migrations/sqlite/0003_executions.sql"),
     },
+    Migration {
+        version: 4,
+        description: "the gateway's orchestration events",
+        postgres: include_str!("../migrations/postgres/0004_orchestration_events.sql"),
+        sqlite: include_str!("../migrations/sqlite/0004_orchestration_events.sql"),
+    },
 ];

@@ -270,3 +270,47 @@ impl InteractionLog for SqliteStore {
         AgentStore::ping(self).await
     }
 }
+
+#[async_trait]
+impl crate::orchestrations::OrchestrationLog for SqliteStore {
+    async fn append(
+        &self,
+        events: &[crate::orchestrations::OrchestrationEvent],
+        retention: std::time::Duration,
+    ) -> StoreResult<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        crate::orchestrations::insert::<Sqlite>(events, retention).build().execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn events_after(
+        &self,
+        request_id: &str,
+        after: i64,
+        limit: i64,
+        now_ms: i64,
+    ) -> StoreResult<Vec<crate::orchestrations::OrchestrationEvent>> {
+        let rows = sqlx::query(crate::orchestrations::SELECT_SQLITE)
+            .bind(request_id)
+            .bind(after)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(crate::orchestrations::decode).collect()
+    }
+
+    async fn purge_expired(&self, now_ms: i64) -> StoreResult<u64> {
+        let result = sqlx::query("DELETE FROM agentmesh_orchestration_events WHERE expires_at_ms <= ?1")
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected())
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        AgentStore::ping(self).await
+    }
+}

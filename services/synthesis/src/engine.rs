@@ -389,7 +389,8 @@ impl Synthesizer {
         catalog: &[AllowedCapability],
     ) -> Result<Verdict, String> {
         let json = extract_json(answer).ok_or("the answer contains no JSON object")?;
-        let value: Value = serde_json::from_str(json).map_err(|e| format!("the answer is not valid JSON: {e}"))?;
+        let json = agentmesh_core::plan::escape_control_in_strings(json);
+        let value: Value = serde_json::from_str(&json).map_err(|e| format!("the answer is not valid JSON: {e}"))?;
         let goal_achieved = match value.get("goal_achieved") {
             Some(Value::Bool(b)) => *b,
             Some(Value::String(s)) if matches!(s.trim().to_ascii_lowercase().as_str(), "true" | "yes") => true,

@@ -290,15 +290,7 @@ pub async fn serve_with_listener(
         }
         .spawn(stop_rx)
         .await;
-    let purge = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(600));
-        loop {
-            tick.tick().await;
-            if let Err(e) = log.purge_expired(chrono::Utc::now()).await {
-                tracing::warn!(error = %e, "could not purge expired LLM interactions");
-            }
-        }
-    });
+    let purge = agentmesh_store::spawn_interaction_purge(log);
     let server = SynthesisServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;
     let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());

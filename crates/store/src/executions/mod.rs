@@ -184,6 +184,19 @@ pub trait ExecutionStore: Send + Sync + 'static {
     async fn release(&self, owner: &str, ids: &[String]) -> StoreResult<()>;
     /// Gives up every lease `owner` holds (it is stopping).
     async fn release_all(&self, owner: &str) -> StoreResult<u64>;
+    /// Reopens a completed or failed execution whose log ends right before
+    /// `event`: appends it, sets the status to `running` and the step count
+    /// to `steps`, clears the end, and leases it to `owner`. False when the
+    /// execution is unknown, unfinished, cancelled, or its log moved on.
+    async fn reopen(
+        &self,
+        id: &str,
+        event: &EventRow,
+        steps: i64,
+        owner: &str,
+        lease_expires_at_ms: i64,
+        now_ms: i64,
+    ) -> StoreResult<bool>;
     /// Records that a cancellation is asked for an unfinished execution and
     /// announces it; returns the execution as it stands (`None`: unknown).
     async fn request_cancel(&self, id: &str, reason: &str) -> StoreResult<Option<ExecutionRow>>;

@@ -199,6 +199,46 @@ impl ExecutionStore for PostgresExecutions {
         Ok(batch.iter().filter(|a| !kept.contains(&a.execution_id)).map(|a| a.execution_id.clone()).collect())
     }
 
+    async fn reopen(
+        &self,
+        id: &str,
+        event: &EventRow,
+        steps: i64,
+        owner: &str,
+        lease_expires_at_ms: i64,
+        now_ms: i64,
+    ) -> StoreResult<bool> {
+        // One statement, as for appends: the fence, the event and the notification.
+        let reopened: Option<String> = sqlx::query_scalar(
+            "WITH kept AS ( \
+               UPDATE agentmesh_executions SET status = 'running', last_sequence = $1, steps = $2, \
+                 finished_at_ms = NULL, error = '', owner = $3, lease_expires_at_ms = $4, updated_at_ms = $5 \
+               WHERE id = $6 AND last_sequence = $1 - 1 AND status IN ('completed', 'failed') \
+               RETURNING id \
+             ), inserted AS ( \
+               INSERT INTO agentmesh_execution_events (execution_id, sequence, kind, step_id, attempt, payload, occurred_at_ms) \
+               SELECT id, $1, $7, $8, $9, $10, $11 FROM kept \
+             ) \
+             SELECT kept.id FROM kept, LATERAL (SELECT pg_notify($12, json_build_object( \
+               'kind', 'appended', 'id', kept.id, 'last_sequence', $1::bigint)::text)) AS notified",
+        )
+        .bind(event.sequence)
+        .bind(steps)
+        .bind(owner)
+        .bind(lease_expires_at_ms)
+        .bind(now_ms)
+        .bind(id)
+        .bind(&event.kind)
+        .bind(&event.step_id)
+        .bind(event.attempt)
+        .bind(&event.payload)
+        .bind(event.occurred_at_ms)
+        .bind(EXECUTIONS_CHANNEL)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(reopened.is_some())
+    }
+
     async fn get(&self, id: &str) -> StoreResult<Option<ExecutionRow>> {
         let row =
             sqlx::query(concat!(select_executions!(), " WHERE id = $1")).bind(id).fetch_optional(&self.pool).await?;

@@ -136,6 +136,40 @@ impl ExecutionStore for SqliteExecutions {
         Ok(lost)
     }
 
+    async fn reopen(
+        &self,
+        id: &str,
+        event: &EventRow,
+        steps: i64,
+        owner: &str,
+        lease_expires_at_ms: i64,
+        now_ms: i64,
+    ) -> StoreResult<bool> {
+        let _writer = self.write_lock.lock().await;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let updated = sqlx::query(
+            "UPDATE agentmesh_executions SET status = 'running', last_sequence = ?, steps = ?, \
+             finished_at_ms = NULL, error = '', owner = ?, lease_expires_at_ms = ?, updated_at_ms = ? \
+             WHERE id = ? AND last_sequence = ? AND status IN ('completed', 'failed')",
+        )
+        .bind(event.sequence)
+        .bind(steps)
+        .bind(owner)
+        .bind(lease_expires_at_ms)
+        .bind(now_ms)
+        .bind(id)
+        .bind(event.sequence - 1)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Ok(false);
+        }
+        insert_events(&mut tx, &[(id, event)]).await?;
+        tx.commit().await?;
+        self.announce(ExecutionNotice::Appended { id: id.to_owned(), last_sequence: event.sequence });
+        Ok(true)
+    }
+
     async fn get(&self, id: &str) -> StoreResult<Option<ExecutionRow>> {
         let row =
             sqlx::query(concat!(select_executions!(), " WHERE id = ?")).bind(id).fetch_optional(&self.pool).await?;

@@ -273,6 +273,66 @@ impl Engine {
         Ok(())
     }
 
+    /// Gives a finished (completed or failed) execution more steps and runs
+    /// them here; returns the sequence of the `execution_extended` event.
+    pub async fn extend(
+        self: &Arc<Self>,
+        id: &str,
+        steps: Vec<agentmesh_core::plan::PlanStep>,
+        reason: String,
+    ) -> Result<u64, ExecutorError> {
+        let Some((row, mut state)) = self.load(id).await? else { return Err(ExecutorError::NotFound(id.to_owned())) };
+        match state.status {
+            ExecutionStatus::Completed | ExecutionStatus::Failed => {}
+            ExecutionStatus::Cancelled => {
+                return Err(ExecutorError::FailedPrecondition(format!(
+                    "execution `{id}` was cancelled; a cancelled execution is not extended"
+                )));
+            }
+            _ => {
+                return Err(ExecutorError::FailedPrecondition(format!(
+                    "execution `{id}` is still running; extend it once it has finished"
+                )));
+            }
+        }
+        let mut extended = state.plan();
+        extended.steps.extend(steps.iter().cloned());
+        if extended.steps.len() > self.settings.max_steps {
+            return Err(ExecutorError::ResourceExhausted(format!(
+                "the execution would have {} steps; this executor accepts at most {} (max_steps_per_plan)",
+                extended.steps.len(),
+                self.settings.max_steps
+            )));
+        }
+        agentmesh_core::plan::check_structure(&extended).map_err(ExecutorError::InvalidPlan)?;
+        let event = Event {
+            sequence: state.last_sequence + 1,
+            kind: EventKind::ExecutionExtended,
+            step_id: String::new(),
+            attempt: 0,
+            at: agentmesh_core::execution::now_ms(),
+            payload: EventPayload { added_steps: steps, error: reason, ..Default::default() },
+        };
+        let now = chrono::Utc::now();
+        let steps = i64::try_from(extended.steps.len()).unwrap_or(i64::MAX);
+        let lease = lease_end(now, self.settings.lease);
+        if !self.store.reopen(id, &to_row(&event), steps, &self.owner, lease, now.timestamp_millis()).await? {
+            return Err(ExecutorError::FailedPrecondition(format!(
+                "execution `{id}` changed while it was being extended; read it again and retry"
+            )));
+        }
+        state.apply(&event);
+        tracing::info!(
+            execution_id = id,
+            request_id = %state.spec.request_id,
+            added = event.payload.added_steps.len(),
+            reason = %event.payload.error,
+            "execution extended"
+        );
+        self.start(id.to_owned(), state, &row.traceparent);
+        Ok(event.sequence)
+    }
+
     /// Tells the local runner, if any, to cancel.
     pub fn signal_cancel(&self, id: &str, reason: String) -> bool {
         match self.running().get(id) {

@@ -59,7 +59,7 @@ async fn follow(engine: Arc<Engine>, id: String, after: u64, tx: Sink) {
                     return;
                 }
             };
-            for row in &rows {
+            for (i, row) in rows.iter().enumerate() {
                 let event = match event_from_row(row) {
                     Ok(event) => event,
                     Err(e) => {
@@ -72,6 +72,9 @@ async fn follow(engine: Arc<Engine>, id: String, after: u64, tx: Sink) {
                 }
                 match send(&tx, &id, &event, &mut last).await {
                     Some(true) => {}
+                    // A final event with more after it: the execution was
+                    // extended (ExtendExecution) and goes on.
+                    Some(false) if i + 1 < rows.len() => {}
                     Some(false) | None => return,
                 }
             }

@@ -1,0 +1,248 @@
+//! The gRPC GatewayService, and what it shares with the REST front door:
+//! checking a request and starting its orchestration.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::gateway_service_server::GatewayService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::events::EventWriter;
+use crate::metrics::Metrics;
+use crate::orchestrate::{Clients, Orchestration};
+use agentmesh_store::OrchestrationLog;
+
+/// What every orchestration shares.
+pub struct Shared {
+    /// The stages.
+    pub clients: Clients,
+    /// Longest query accepted, in characters.
+    pub max_query_chars: usize,
+    /// Longest an orchestration may take (a shorter client deadline wins).
+    pub request_timeout: Duration,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Stores every message for resuming.
+    pub events: EventWriter,
+    /// Where the messages are stored.
+    pub log: Arc<dyn OrchestrationLog>,
+    /// How long an SSE orchestration waits for its client to come back.
+    pub resume_grace: Duration,
+    /// Resumed streams following each request id, in this process.
+    pub followers: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// A resumed stream following a request id; counted while it lives.
+pub struct Following {
+    shared: Arc<Shared>,
+    request_id: String,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let mut followers = self.shared.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = followers.get_mut(&self.request_id) {
+            *n -= 1;
+            if *n == 0 {
+                followers.remove(&self.request_id);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Counts a resumed stream of `request_id` until the guard is dropped.
+    pub fn follow(self: &Arc<Self>, request_id: &str) -> Following {
+        let mut followers = self.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *followers.entry(request_id.to_owned()).or_default() += 1;
+        Following { shared: self.clone(), request_id: request_id.to_owned() }
+    }
+
+    /// Whether a resumed stream follows `request_id` here.
+    pub fn followed(&self, request_id: &str) -> bool {
+        self.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(request_id)
+    }
+
+    /// Passes an orchestration's messages to an SSE client. When the client
+    /// goes away, the orchestration goes on for the resume grace period, and
+    /// then as long as a resumed stream follows it; otherwise the messages
+    /// are dropped, which stops it and cancels its execution.
+    pub async fn relay(
+        self: Arc<Self>,
+        request_id: String,
+        mut from: mpsc::Receiver<pb::OrchestrateResponse>,
+        to: mpsc::Sender<pb::OrchestrateResponse>,
+    ) {
+        loop {
+            tokio::select! {
+                message = from.recv() => match message {
+                    Some(message) => {
+                        if to.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                    None => return,
+                },
+                () = to.closed() => break,
+            }
+        }
+        tracing::info!(
+            request_id,
+            grace_ms = u64::try_from(self.resume_grace.as_millis()).unwrap_or(u64::MAX),
+            "the SSE client went away; waiting for it to resume"
+        );
+        let mut deadline = tokio::time::Instant::now() + self.resume_grace;
+        loop {
+            tokio::select! {
+                message = from.recv() => if message.is_none() { return },
+                () = tokio::time::sleep_until(deadline) => {
+                    if !self.followed(&request_id) {
+                        return;
+                    }
+                    deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                }
+            }
+        }
+    }
+}
+
+/// A started orchestration.
+pub struct Started {
+    /// Its request id.
+    pub request_id: String,
+    /// Its trace id, while traces are exported.
+    pub trace_id: Option<String>,
+    /// Its messages, ending with the final answer or an error.
+    pub messages: mpsc::Receiver<pb::OrchestrateResponse>,
+}
+
+fn new_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
+}
+
+impl Shared {
+    /// Checks `request` and starts its orchestration in the background; it
+    /// stops when the receiver of its messages is dropped.
+    pub async fn start(
+        &self,
+        mut request: pb::OrchestrateRequest,
+        client_timeout: Option<Duration>,
+        fallback_request_id: Option<String>,
+    ) -> Result<Started, Status> {
+        if request.query.trim().is_empty() {
+            return Err(Status::invalid_argument("query must not be empty"));
+        }
+        let length = request.query.chars().count();
+        if length > self.max_query_chars {
+            return Err(Status::invalid_argument(format!(
+                "query is {length} characters; the gateway accepts at most {} (max_query_chars)",
+                self.max_query_chars
+            )));
+        }
+        if request.request_id.is_empty() {
+            request.request_id = fallback_request_id.unwrap_or_else(new_request_id);
+        }
+        if self.known(&request.request_id).await {
+            return Err(Status::already_exists(format!(
+                "request id `{}` belongs to an orchestration already; resume its stream with Last-Event-ID \
+                 (GET /api/v1/orchestrations/{}/events) or send a new request id",
+                request.request_id, request.request_id
+            )));
+        }
+        let request_id = request.request_id.clone();
+        let timeout = client_timeout.map_or(self.request_timeout, |t| t.min(self.request_timeout));
+        let span = tracing::info_span!("orchestrate", request_id = %request_id, operation = "orchestrate");
+        let trace_id = agentmesh_telemetry::propagation::trace_id(&span);
+        let (tx, rx) = mpsc::channel(64);
+        let orchestration = Orchestration::new(
+            self.clients.clone(),
+            request_id.clone(),
+            tx,
+            timeout,
+            self.metrics.clone(),
+            self.events.clone(),
+        );
+        tracing::info!(parent: &span, request_id = %request_id, "orchestration started");
+        tokio::spawn(orchestration.run(request).instrument(span));
+        Ok(Started { request_id, trace_id, messages: rx })
+    }
+}
+
+impl Shared {
+    /// Whether an orchestration with this request id has stored messages.
+    pub async fn known(&self, request_id: &str) -> bool {
+        let now = chrono::Utc::now().timestamp_millis();
+        self.log.events_after(request_id, 0, 1, now).await.is_ok_and(|rows| !rows.is_empty())
+    }
+}
+
+/// The gRPC service.
+pub struct GatewayGrpc {
+    /// Shared with REST.
+    pub shared: Arc<Shared>,
+}
+
+/// `grpc-timeout` of a request, when it has one.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+type Messages = Pin<Box<dyn Stream<Item = Result<pb::OrchestrateResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GatewayService for GatewayGrpc {
+    type OrchestrateStream = Messages;
+
+    async fn orchestrate(
+        &self,
+        request: Request<pb::OrchestrateRequest>,
+    ) -> Result<Response<Self::OrchestrateStream>, Status> {
+        let timeout = grpc_timeout(request.metadata());
+        let header_id = request.metadata().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let started = self.shared.start(request.into_inner(), timeout, header_id).await?;
+        let stream: Messages = Box::pin(ReceiverStream::new(started.messages).map(Ok));
+        let mut response = Response::new(stream);
+        if let Ok(value) = started.request_id.parse() {
+            response.metadata_mut().insert("x-request-id", value);
+        }
+        if let Some(value) = started.trace_id.and_then(|t| t.parse().ok()) {
+            response.metadata_mut().insert("x-trace-id", value);
+        }
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_are_read() {
+        let mut m = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&m), None);
+        m.insert("grpc-timeout", "1500m".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), Some(Duration::from_millis(1500)));
+        m.insert("grpc-timeout", "2S".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), Some(Duration::from_secs(2)));
+        m.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(grpc_timeout(&m), None);
+    }
+}

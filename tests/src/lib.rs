@@ -1,0 +1,212 @@
+//! The whole mesh for end-to-end tests: discovery, planner, executor,
+//! synthesis and the gateway, each a real server on its own ephemeral port,
+//! sharing one database; a scripted LLM server behind the planner and
+//! synthesis; agents registered over REST. Everything stops when dropped.
+
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentmesh_discovery::DiscoveryConfig;
+use agentmesh_executor::ExecutorConfig;
+use agentmesh_gateway::GatewayConfig;
+use agentmesh_planner::PlannerConfig;
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
+use agentmesh_proto::v1::gateway_service_client::GatewayServiceClient;
+use agentmesh_synthesis::SynthesisConfig;
+use agentmesh_testkit::{
+    Backend, RunningService, ScriptedLlmServer, ScriptedReply, TestDatabase, bind_local, spawn_discovery,
+};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// A server task of the mesh, aborted when dropped.
+struct Task(JoinHandle<anyhow::Result<()>>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The running mesh.
+pub struct Mesh {
+    /// Discovery.
+    pub discovery: RunningService,
+    /// The LLM server behind the planner and synthesis.
+    pub llm: ScriptedLlmServer,
+    /// The executor's address.
+    pub executor: SocketAddr,
+    /// The gateway's address.
+    pub gateway: SocketAddr,
+    tasks: Vec<Task>,
+    _db: TestDatabase,
+}
+
+/// How to start the mesh.
+#[derive(Default)]
+pub struct Options {
+    /// The planner's address for the gateway, instead of the real one (to
+    /// test a planner that is down).
+    pub planner_url: Option<String>,
+    /// The gateway's `resume_grace_secs`.
+    pub resume_grace_secs: Option<f64>,
+    /// A real model server (OpenAI-compatible base URL and model) instead
+    /// of the scripted one, with limits that suit a small local model.
+    pub real_llm: Option<(String, String)>,
+}
+
+async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> (SocketAddr, Task)
+where
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let listener = bind_local().await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(serve(listener));
+    let http = agentmesh_testkit::http_client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while http.get(format!("http://{addr}/healthz")).send().await.is_err() {
+        assert!(!task.is_finished(), "a service exited at start: {:?}", task.await);
+        assert!(tokio::time::Instant::now() < deadline, "a service did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (addr, Task(task))
+}
+
+impl Mesh {
+    /// Starts the mesh with an LLM server answering `replies` in order
+    /// (planner and synthesis calls alike); `None` when PostgreSQL is
+    /// wanted but unavailable outside CI.
+    pub async fn start(backend: Backend, replies: Vec<ScriptedReply>, options: Options) -> Option<Self> {
+        agentmesh_testkit::init_tracing();
+        let db = TestDatabase::new(backend).await?;
+        let discovery =
+            spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+        let llm = ScriptedLlmServer::start(replies).await.unwrap();
+        let pending = std::future::pending::<()>;
+        let (base, model, structured, timeout) = match &options.real_llm {
+            Some((base, model)) => (base.clone(), model.clone(), "auto", 300),
+            None => (llm.url(), "scripted-model".to_owned(), "json_schema", 60),
+        };
+        let planner_config = PlannerConfig {
+            discovery_url: discovery.url(),
+            database_url: db.url.clone(),
+            llm: format!("openai:{model}"),
+            llm_base_url: Some(base.clone()),
+            llm_structured: structured.into(),
+            llm_timeout_secs: timeout,
+            llm_retries: 0,
+            ..Default::default()
+        };
+        let (planner, planner_task) =
+            spawn(|l| agentmesh_planner::serve_with_listener(planner_config, l, pending())).await;
+        let executor_config = ExecutorConfig {
+            database_url: db.url.clone(),
+            discovery_url: discovery.url(),
+            planner_url: Some(format!("http://{planner}")),
+            retry_base_ms: 20,
+            retry_max_ms: 200,
+            ..Default::default()
+        };
+        let (executor, executor_task) =
+            spawn(|l| agentmesh_executor::serve_with_listener(executor_config, l, pending())).await;
+        let mut synthesis_config = SynthesisConfig {
+            discovery_url: discovery.url(),
+            database_url: db.url.clone(),
+            llm: format!("openai:{model}"),
+            llm_base_url: Some(base),
+            llm_structured: structured.into(),
+            llm_timeout_secs: timeout,
+            llm_retries: 0,
+            ..Default::default()
+        };
+        if options.real_llm.is_some() {
+            synthesis_config.answer_max_tokens = 160;
+            synthesis_config.review_max_tokens = 300;
+        }
+        let (synthesis, synthesis_task) =
+            spawn(|l| agentmesh_synthesis::serve_with_listener(synthesis_config, l, pending())).await;
+        let gateway_config = GatewayConfig {
+            planner_url: options.planner_url.unwrap_or_else(|| format!("http://{planner}")),
+            executor_url: format!("http://{executor}"),
+            synthesis_url: format!("http://{synthesis}"),
+            database_url: db.url.clone(),
+            resume_grace_secs: options.resume_grace_secs.unwrap_or(30.0),
+            ..Default::default()
+        };
+        let (gateway, gateway_task) =
+            spawn(|l| agentmesh_gateway::serve_with_listener(gateway_config, l, pending())).await;
+        Some(Self {
+            discovery,
+            llm,
+            executor,
+            gateway,
+            tasks: vec![planner_task, executor_task, synthesis_task, gateway_task],
+            _db: db,
+        })
+    }
+
+    /// Registers an agent with discovery over REST.
+    pub async fn register(&self, registration: &Value) {
+        let response = agentmesh_testkit::http_client()
+            .post(format!("{}/api/v1/agents", self.discovery.url()))
+            .json(registration)
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
+    }
+
+    /// A gRPC client of the gateway.
+    pub async fn gateway(&self) -> GatewayServiceClient<tonic::transport::Channel> {
+        GatewayServiceClient::connect(format!("http://{}", self.gateway)).await.unwrap()
+    }
+
+    /// A gRPC client of the executor.
+    pub async fn executor(&self) -> ExecutorServiceClient<tonic::transport::Channel> {
+        ExecutorServiceClient::connect(format!("http://{}", self.executor)).await.unwrap()
+    }
+
+    /// Orchestrates `query` over gRPC and collects every message.
+    pub async fn orchestrate(&self, query: &str) -> Vec<pb::OrchestrateResponse> {
+        let mut client = self.gateway().await;
+        let mut stream = client
+            .orchestrate(pb::OrchestrateRequest { query: query.into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut messages = Vec::new();
+        while let Some(m) = stream.message().await.unwrap() {
+            messages.push(m);
+        }
+        messages
+    }
+
+    /// How many servers of the mesh are running.
+    pub fn running(&self) -> usize {
+        self.tasks.iter().filter(|t| !t.0.is_finished()).count()
+    }
+}
+
+/// The kind of a message, as in the SSE `event:` field.
+pub fn kind(m: &pb::OrchestrateResponse) -> String {
+    use pb::orchestrate_response::Event;
+    match &m.event {
+        Some(Event::PlanCreated(_)) => "plan_created".into(),
+        Some(Event::ExecutionEvent(e)) => format!(
+            "execution:{}",
+            pb::ExecutionEventKind::try_from(e.kind)
+                .unwrap_or_default()
+                .as_str_name()
+                .trim_start_matches("EXECUTION_EVENT_KIND_")
+                .to_ascii_lowercase()
+        ),
+        Some(Event::SynthesisChunk(_)) => "synthesis_chunk".into(),
+        Some(Event::Review(_)) => "review".into(),
+        Some(Event::FinalAnswer(_)) => "final_answer".into(),
+        Some(Event::Error(_)) => "error".into(),
+        None => "none".into(),
+    }
+}
