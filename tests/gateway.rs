@@ -500,3 +500,104 @@ async fn an_sse_client_that_does_not_come_back_has_its_execution_cancelled() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_ends_the_orchestration_and_cancels_its_execution() {
+    let replies = vec![ScriptedReply::openai_content(&weather_plan())];
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, Options::default()).await else { return };
+    let _agent = weather_agent(&mesh, Behavior::Hang).await;
+    let mut client = mesh.gateway().await;
+    let mut request = tonic::Request::new(pb::OrchestrateRequest { query: "Weather?".into(), ..Default::default() });
+    request.set_timeout(Duration::from_millis(1500));
+    let started = tokio::time::Instant::now();
+    let mut stream = client.orchestrate(request).await.unwrap().into_inner();
+    let mut messages = Vec::new();
+    while let Ok(Some(m)) = stream.message().await {
+        messages.push(m);
+    }
+    let elapsed = started.elapsed();
+    let Some(Event::Error(error)) = &messages.last().unwrap().event else { panic!("{messages:?}") };
+    assert_eq!((error.service.as_str(), error.code.as_str()), ("gateway", "DEADLINE_EXCEEDED"), "{error:?}");
+    assert!(elapsed >= Duration::from_millis(1400) && elapsed < Duration::from_secs(10), "{elapsed:?}");
+    let execution_id = messages
+        .iter()
+        .find_map(|m| if let Some(Event::ExecutionEvent(e)) = &m.event { Some(e.execution_id.clone()) } else { None })
+        .unwrap();
+    let execution = mesh
+        .executor()
+        .await
+        .get_execution(pb::GetExecutionRequest { execution_id })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(execution.status, pb::ExecutionStatus::Cancelled as i32, "{execution:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_steps_feed_a_typed_reference() {
+    let step = |id: &str, city: &str| {
+        json!({"step_id": id, "agent": "weather-tool-v2", "capability": "get_current_weather",
+            "instruction": format!("Weather in {city}"), "parameters": {"location": city}, "depends_on": []})
+    };
+    let plan = json!({"reasoning": "two lookups, then the difference", "steps": [step("s1", "Chicago"), step("s2", "Paris"),
+        {"step_id": "s3", "agent": "calculation-agent", "capability": "evaluate", "instruction": "difference",
+         "parameters": {"a": "{{s1.output.temp_c}}", "b": "{{s2.output.temp_c}}", "text": "{{s1.output.temp_c}} vs {{s2.output.temp_c}}"},
+         "depends_on": ["s1", "s2"]}]});
+    let replies = vec![
+        ScriptedReply::openai_content(&plan.to_string()),
+        ScriptedReply::openai_stream(&["Chicago is ", "3 °C warmer."]),
+        review(true),
+    ];
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, Options::default()).await else { return };
+    let weather = weather_agent(
+        &mesh,
+        Behavior::Sequence(vec![
+            Answer::ok(json!({"temp_c": 21})).after(Duration::from_millis(300)),
+            Answer::ok(json!({"temp_c": 18})).after(Duration::from_millis(300)),
+        ]),
+    )
+    .await;
+    let calculator = FakeAgent::start(vec![("evaluate", Behavior::Echo(Duration::ZERO))]).await.unwrap();
+    mesh.register(&calculator.registration("calculation-agent", &[("evaluate", None)])).await;
+
+    let messages = mesh.orchestrate("How much warmer is Chicago than Paris?").await;
+    let kinds: Vec<String> = messages.iter().map(kind).collect();
+    assert_eq!(kinds.last().map(String::as_str), Some("final_answer"), "{kinds:?}");
+    assert_eq!(weather.max_in_flight(), 2, "s1 and s2 ran at once");
+    let calls = calculator.calls_to("evaluate");
+    assert_eq!(calls.len(), 1);
+    let (a, b) = (&calls[0].body["a"], &calls[0].body["b"]);
+    assert!(a.is_number() && b.is_number(), "references keep their type: {}", calls[0].body);
+    let mut pair = [a.as_i64().unwrap(), b.as_i64().unwrap()];
+    pair.sort_unstable();
+    assert_eq!(pair, [18, 21]);
+    assert!(calls[0].body["text"].as_str().unwrap().contains(" vs "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_asks_for_help_loops_back_through_the_planner() {
+    let replies = vec![
+        ScriptedReply::openai_content(&weather_plan()),
+        time_steps(),
+        ScriptedReply::openai_stream(&["21 °C at 09:00."]),
+        review(true),
+    ];
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, Options::default()).await else { return };
+    let asks = Answer::ok(json!({"output": {"temp_c": 21}, "collaborate": {"agent": "tz-agent",
+        "capability": "local_time", "query": "Local time in Chicago"}}));
+    let weather = weather_agent(&mesh, Behavior::Always(asks)).await;
+    let clock =
+        FakeAgent::start(vec![("local_time", Behavior::Always(Answer::ok(json!({"time": "09:00"}))))]).await.unwrap();
+    mesh.register(&clock.registration("tz-agent", &[("local_time", None)])).await;
+
+    let messages = mesh.orchestrate("Weather in Chicago?").await;
+    let kinds: Vec<String> = messages.iter().map(kind).collect();
+    assert!(kinds.iter().any(|k| k == "execution:plan_extended"), "{kinds:?}");
+    assert_eq!(weather.calls_to("get_current_weather").len(), 1);
+    assert_eq!(clock.calls_to("local_time").len(), 1);
+    let Some(Event::FinalAnswer(answer)) = &messages.last().unwrap().event else { panic!("{kinds:?}") };
+    assert_eq!(answer.text, "21 °C at 09:00.");
+    assert!(messages.iter().all(|m| m.round == 0), "loop-back is not a recovery round");
+}

@@ -94,6 +94,22 @@ impl Dependency {
     }
 }
 
+impl Dependency {
+    /// A dependency checked by `ping` (a store): `reachable`, or
+    /// `unreachable: <why>`.
+    pub fn ping<F, Fut, E>(name: &'static str, ping: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        Self::new(name, move || {
+            let pinged = ping();
+            async move { pinged.await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}")) }
+        })
+    }
+}
+
 /// Checks a service's dependencies on an interval.
 pub struct HealthChecker {
     /// The gRPC service whose health follows the checks (the empty name
@@ -110,6 +126,23 @@ pub struct HealthChecker {
 }
 
 impl HealthChecker {
+    /// Checks `dependencies` every `interval`, each allowed as long as the
+    /// interval (between 50 ms and 2 s) to answer.
+    pub fn every(
+        service: &'static str,
+        interval: Duration,
+        reporter: HealthReporter,
+        dependencies: Vec<Dependency>,
+    ) -> Self {
+        Self {
+            service,
+            dependencies,
+            reporter,
+            interval,
+            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
+        }
+    }
+
     /// Reports `NOT_SERVING` until the first round passes, then checks in the
     /// background until `stop` changes; the receiver holds the last result.
     pub async fn spawn(self, mut stop: watch::Receiver<bool>) -> watch::Receiver<Readiness> {

@@ -297,24 +297,20 @@ pub async fn serve_with_listener(
     let (health_reporter, health_service) = agentmesh_server::grpc::health();
     let interval = Duration::from_secs_f64(config.health_check_interval_secs);
     let pinged = store.clone();
-    let readiness =
-        HealthChecker {
-            service: SERVICE_NAME,
-            dependencies: vec![
-                Dependency::new("store", move || {
-                    let store = pinged.clone();
-                    async move {
-                        store.ping().await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}"))
-                    }
-                }),
-                Dependency::grpc("discovery", discovery_channel),
-            ],
-            reporter: health_reporter,
-            interval,
-            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
-        }
-        .spawn(stop_rx.clone())
-        .await;
+    let readiness = HealthChecker::every(
+        SERVICE_NAME,
+        interval,
+        health_reporter,
+        vec![
+            Dependency::ping("store", move || {
+                let store = pinged.clone();
+                async move { store.ping().await }
+            }),
+            Dependency::grpc("discovery", discovery_channel),
+        ],
+    )
+    .spawn(stop_rx.clone())
+    .await;
 
     let service = service::ExecutorGrpc { engine, max_steps: config.max_steps_per_plan };
     let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);

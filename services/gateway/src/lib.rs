@@ -209,29 +209,23 @@ pub async fn serve_with_listener(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (health_reporter, health_service) = agentmesh_server::grpc::health();
     let interval = Duration::from_secs_f64(config.health_check_interval_secs);
-    let readiness =
-        HealthChecker {
-            service: SERVICE_NAME,
-            dependencies: vec![
-                Dependency::grpc("planner", planner),
-                Dependency::grpc("executor", executor),
-                Dependency::grpc("synthesis", synthesis),
-                Dependency::new("store", {
-                    let log = log.clone();
-                    move || {
-                        let log = log.clone();
-                        async move {
-                            log.ping().await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}"))
-                        }
-                    }
-                }),
-            ],
-            reporter: health_reporter,
-            interval,
-            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
-        }
-        .spawn(stop_rx)
-        .await;
+    let pinged = log.clone();
+    let readiness = HealthChecker::every(
+        SERVICE_NAME,
+        interval,
+        health_reporter,
+        vec![
+            Dependency::grpc("planner", planner),
+            Dependency::grpc("executor", executor),
+            Dependency::grpc("synthesis", synthesis),
+            Dependency::ping("store", move || {
+                let log = pinged.clone();
+                async move { log.ping().await }
+            }),
+        ],
+    )
+    .spawn(stop_rx)
+    .await;
     let server = GatewayServiceServer::new(service::GatewayGrpc { shared: shared.clone() })
         .max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;

@@ -272,24 +272,20 @@ pub async fn serve_with_listener(
     let (health_reporter, health_service) = agentmesh_server::grpc::health();
     let interval = Duration::from_secs_f64(config.health_check_interval_secs);
     let store = log.clone();
-    let readiness =
-        HealthChecker {
-            service: SERVICE_NAME,
-            dependencies: vec![
-                Dependency::grpc("discovery", discovery_channel),
-                Dependency::new("store", move || {
-                    let store = store.clone();
-                    async move {
-                        store.ping().await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}"))
-                    }
-                }),
-            ],
-            reporter: health_reporter,
-            interval,
-            timeout: interval.clamp(Duration::from_millis(50), Duration::from_secs(2)),
-        }
-        .spawn(stop_rx)
-        .await;
+    let readiness = HealthChecker::every(
+        SERVICE_NAME,
+        interval,
+        health_reporter,
+        vec![
+            Dependency::grpc("discovery", discovery_channel),
+            Dependency::ping("store", move || {
+                let store = store.clone();
+                async move { store.ping().await }
+            }),
+        ],
+    )
+    .spawn(stop_rx)
+    .await;
     let purge = agentmesh_store::spawn_interaction_purge(log);
     let server = SynthesisServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;
