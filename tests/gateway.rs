@@ -499,6 +499,15 @@ async fn an_sse_client_that_does_not_come_back_has_its_execution_cancelled() {
         assert!(tokio::time::Instant::now() < deadline, "not cancelled after the grace period");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A late resume replays what was sent and ends on why it stopped.
+    let request_id = seen[0].2["request_id"].as_str().unwrap().to_owned();
+    let late =
+        http.get(format!("http://{}/api/v1/orchestrations/{request_id}/events", mesh.gateway)).send().await.unwrap();
+    let replayed = tokio::time::timeout(Duration::from_secs(10), read_events(late, |_| false)).await.unwrap();
+    let (_, last, data) = replayed.last().unwrap();
+    assert_eq!(last, "error", "{replayed:?}");
+    assert_eq!(data["error"]["code"], "CANCELLED");
+    assert!(replayed.len() > seen.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

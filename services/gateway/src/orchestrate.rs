@@ -173,6 +173,19 @@ impl Orchestration {
             Stop::Gone => {
                 self.metrics.orchestrations.with_label_values(&["gone"]).inc();
                 tracing::info!(request_id = %self.request_id, "the client went away; orchestration stopped");
+                // Nobody to tell now, but a later resume ends on this.
+                self.sequence += 1;
+                self.events.record(&pb::OrchestrateResponse {
+                    request_id: self.request_id.clone(),
+                    round: self.round,
+                    sequence: self.sequence,
+                    event: Some(Event::Error(pb::OrchestrateError {
+                        code: code_name(Code::Cancelled).to_owned(),
+                        message: "the client went away; the orchestration stopped and its execution was cancelled"
+                            .to_owned(),
+                        service: "gateway".to_owned(),
+                    })),
+                });
             }
             Stop::Failed { service, status } => {
                 self.metrics.orchestrations.with_label_values(&["failed"]).inc();

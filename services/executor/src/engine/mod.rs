@@ -305,6 +305,12 @@ impl Engine {
             )));
         }
         agentmesh_core::plan::check_structure(&extended).map_err(ExecutorError::InvalidPlan)?;
+        // The runner that recorded the end may still be leaving; a new one
+        // starts only once it is gone.
+        let leaving = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.runs(id) && tokio::time::Instant::now() < leaving {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let event = Event {
             sequence: state.last_sequence + 1,
             kind: EventKind::ExecutionExtended,
