@@ -7,7 +7,7 @@ use std::time::Instant;
 use agentmesh_core::{AgentDefinition, ReportedStatus};
 use agentmesh_server::RequestId;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -167,6 +167,29 @@ fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<By
     })
 }
 
+/// The agent id of the path, or the error body saying what is wrong with it.
+fn agent_id(path: Result<Path<String>, PathRejection>) -> Result<String, DiscoveryError> {
+    path.map(|Path(id)| id).map_err(|rejection| {
+        DiscoveryError::invalid(
+            "agent_id",
+            "",
+            format!("the agent id in the path is not valid: {}", rejection.body_text()),
+        )
+    })
+}
+
+/// A registration must be a JSON object: serde would also read an array as
+/// the fields in order.
+fn require_object(body: &[u8]) -> Result<(), DiscoveryError> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        _ => Err(DiscoveryError::InvalidJson {
+            message: "a registration must be a JSON object, such as {\"id\": \"weather-tool-v2\", \"base_url\": \"http://…\", \"skills\": […]}".into(),
+            path: ".".into(),
+        }),
+    }
+}
+
 async fn register(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
@@ -174,6 +197,7 @@ async fn register(
 ) -> Response {
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
+        require_object(&body)?;
         let definition: AgentDefinition = parse_body(&body)?;
         state.registry.register(definition).await
     }
@@ -192,8 +216,12 @@ async fn register(
 async fn get_agent(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let id = match agent_id(path) {
+        Ok(id) => id,
+        Err(e) => return ApiError(e, request_id).into_response(),
+    };
     match state.registry.get(&id).await {
         Ok((record, health)) => Json(agent_json(&record, health)).into_response(),
         Err(e) => ApiError(e, request_id).into_response(),
@@ -210,9 +238,13 @@ struct HeartbeatBody {
 async fn heartbeat(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let id = match agent_id(path) {
+        Ok(id) => id,
+        Err(e) => return ApiError(e, request_id).into_response(),
+    };
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
         let parsed: HeartbeatBody =
@@ -239,8 +271,12 @@ async fn heartbeat(
 async fn deregister(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let id = match agent_id(path) {
+        Ok(id) => id,
+        Err(e) => return ApiError(e, request_id).into_response(),
+    };
     match state.registry.deregister(&id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError(e, request_id).into_response(),
