@@ -120,8 +120,10 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
                 }
             }
             eprintln!(
-                "{} agents, {} reasoners, {} skills",
-                response.total_agents, response.total_reasoners, response.total_skills
+                "{}, {}, {}",
+                count(u64::from(response.total_agents), "agent", "agents"),
+                count(u64::from(response.total_reasoners), "reasoner", "reasoners"),
+                count(u64::from(response.total_skills), "skill", "skills")
             );
         }
         AgentsCommand::Get { id } => {
@@ -165,4 +167,9 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `1 agent`, `2 agents`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }

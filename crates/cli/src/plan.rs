@@ -115,10 +115,17 @@ pub async fn interactions(args: InteractionsArgs) -> anyhow::Result<()> {
         eprintln!("no LLM calls recorded for {} (they are kept 24 h, errors 7 d)", args.request_id);
     }
     for i in list {
-        let kind = pb::LlmInteractionKind::try_from(i.kind).map(|k| k.as_str_name()).unwrap_or("UNKNOWN");
+        let kind = pb::LlmInteractionKind::try_from(i.kind)
+            .map(|k| k.as_str_name().trim_start_matches("LLM_INTERACTION_KIND_").to_ascii_lowercase())
+            .unwrap_or_else(|_| "unknown".into());
+        let mode = if i.structured_output_mode.is_empty() {
+            String::new()
+        } else {
+            format!(" mode={}", i.structured_output_mode)
+        };
         println!(
-            "== {kind} model={} mode={} tokens={}+{} latency={}ms",
-            i.model, i.structured_output_mode, i.prompt_tokens, i.completion_tokens, i.latency_ms
+            "== {kind} model={}{mode} tokens={}+{} latency={}ms",
+            i.model, i.prompt_tokens, i.completion_tokens, i.latency_ms
         );
         if !i.error.is_empty() {
             println!("error: {}", i.error);

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 
+use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -31,6 +32,15 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
     if with_planner {
         config.executor.planner_url = Some(format!("http://{}", config.planner.listen));
     }
+    // Every port first, so that a port in use fails before anything is announced.
+    let bind = |what: &str, addr: std::net::SocketAddr| {
+        agentmesh_server::net::listen(addr).with_context(|| format!("binding {what} to {addr}"))
+    };
+    let discovery_listener = bind("discovery", config.discovery.listen)?;
+    let executor_listener = bind("the executor", config.executor.listen)?;
+    let planner_listener = with_planner.then(|| bind("the planner", config.planner.listen)).transpose()?;
+    let synthesis_listener = with_synthesis.then(|| bind("synthesis", config.synthesis.listen)).transpose()?;
+    let gateway_listener = with_gateway.then(|| bind("the gateway", config.gateway.listen)).transpose()?;
     eprintln!(
         "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}{}{}; data in {}",
         config.discovery.listen,
@@ -48,16 +58,27 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
         },
         agentmesh_discovery::redact(&config.discovery.database_url),
     );
-    let discovery = agentmesh_discovery::serve(config.discovery, until());
-    let executor = agentmesh_executor::serve(config.executor, until());
+    let discovery = agentmesh_discovery::serve_with_listener(config.discovery, discovery_listener, until());
+    let executor = agentmesh_executor::serve_with_listener(config.executor, executor_listener, until());
     let (planner_stop, synthesis_stop, gateway_stop) = (until(), until(), until());
-    let planner =
-        async move { if with_planner { agentmesh_planner::serve(config.planner, planner_stop).await } else { Ok(()) } };
-    let synthesis = async move {
-        if with_synthesis { agentmesh_synthesis::serve(config.synthesis, synthesis_stop).await } else { Ok(()) }
+    let planner = async move {
+        match planner_listener {
+            Some(l) => agentmesh_planner::serve_with_listener(config.planner, l, planner_stop).await,
+            None => Ok(()),
+        }
     };
-    let gateway =
-        async move { if with_gateway { agentmesh_gateway::serve(config.gateway, gateway_stop).await } else { Ok(()) } };
+    let synthesis = async move {
+        match synthesis_listener {
+            Some(l) => agentmesh_synthesis::serve_with_listener(config.synthesis, l, synthesis_stop).await,
+            None => Ok(()),
+        }
+    };
+    let gateway = async move {
+        match gateway_listener {
+            Some(l) => agentmesh_gateway::serve_with_listener(config.gateway, l, gateway_stop).await,
+            None => Ok(()),
+        }
+    };
     let signal = async move {
         shutdown.await;
         let _ = stop.send(true);

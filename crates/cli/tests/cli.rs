@@ -47,7 +47,7 @@ async fn agents_commands_register_list_get_and_deregister() {
     let (ok, out, err) = agentmesh(&["agents", "--discovery", &url, "list"]);
     assert!(ok, "{err}");
     assert!(out.contains("weather-tool-v2:skill:get_current_weather") && out.contains("active"), "{out}");
-    assert!(err.contains("1 agents, 0 reasoners, 1 skills"), "{err}");
+    assert!(err.contains("1 agent, 0 reasoners, 1 skill"), "{err}");
     let (ok, out, _) = agentmesh(&["agents", "--discovery", &url, "list", "--format", "compact"]);
     assert!(ok);
     let compact: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -231,6 +231,48 @@ async fn plan_and_interactions_commands_talk_to_a_running_planner() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     assert!(ok, "{err}");
-    assert!(out.contains("== LLM_INTERACTION_KIND_PLAN") && out.contains("get_current_weather"), "{out}");
+    assert!(
+        out.contains("== plan model=scripted-model mode=json_schema ") && out.contains("get_current_weather"),
+        "{out}"
+    );
+    assert!(!out.contains("LLM_INTERACTION_KIND"), "{out}");
     planner.abort();
+}
+
+#[test]
+fn up_fails_before_announcing_anything_when_a_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let addr = taken.local_addr().unwrap_or_else(|e| panic!("{e}")).to_string();
+    let dir = std::env::temp_dir().join(format!("agentmesh-cli-up-{}", std::process::id()));
+    let (ok, _, err) = agentmesh(&["up", "--listen", &addr, "--data-dir", &dir.to_string_lossy()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok, "{err}");
+    assert!(err.contains(&format!("binding discovery to {addr}")), "{err}");
+    assert!(!err.contains("agentmesh up:"), "the banner came before the failure: {err}");
+}
+
+#[test]
+fn text_logs_written_to_a_pipe_have_no_colour_codes() {
+    use std::io::BufRead;
+    let db = TestDatabase::sqlite();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+        .args(["serve", "discovery", "--listen", "127.0.0.1:0", "--database-url", &db.url, "--log-format", "text"])
+        .env_remove("AGENTMESH_CONFIG")
+        .env_remove("AGENTMESH_LOG_FORMAT")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("listening") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("listening"), "{seen}");
+    assert!(!seen.contains('\u{1b}'), "colour codes in a pipe: {seen:?}");
 }

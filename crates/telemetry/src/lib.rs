@@ -99,7 +99,11 @@ pub fn init(service_name: &str, config: &TelemetryConfig) -> anyhow::Result<Tele
         }
     };
     let logs = match config.log_format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
+        // Colours only on a terminal: a file or a pipe gets plain text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
