@@ -276,3 +276,44 @@ fn text_logs_written_to_a_pipe_have_no_colour_codes() {
     assert!(seen.contains("listening"), "{seen}");
     assert!(!seen.contains('\u{1b}'), "colour codes in a pipe: {seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_replay_script_plans_offline() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/replay/weather.json");
+    assert!(script.exists(), "{} is missing", script.display());
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // The README's walk-through agent.
+    let registration = serde_json::json!({"id": "weather-tool-v2", "base_url": "http://127.0.0.1:9001", "skills": [
+        {"id": "get_current_weather", "description": "Current weather for a location",
+         "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]});
+    let registered = agentmesh_testkit::http_client()
+        .post(format!("{}/api/v1/agents", discovery.url()))
+        .json(&registration)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(registered.status().is_success());
+    let listener = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+    let planner_url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let config = agentmesh_planner::PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: format!("replay:{}", script.display()),
+        ..Default::default()
+    };
+    let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let url = planner_url.clone();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || agentmesh(&["plan", "What is the weather in Chicago?", "--planner", &url]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(plan["steps"][0]["agent"], "weather-tool-v2", "{out}");
+    assert_eq!(plan["steps"][0]["parameters"], serde_json::json!({"location": "Chicago"}));
+    planner.abort();
+}
