@@ -189,7 +189,7 @@ pub struct DiscoveryArgs {
     /// Address serving gRPC and HTTP [default: 127.0.0.1:7400].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB` [default: sqlite://agentmesh.db].
+    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB` [default: sqlite://.agentmesh/agentmesh.db].
     #[arg(long)]
     pub database_url: Option<SecretUrl>,
     /// Expected seconds between agent heartbeats [default: 10].
@@ -273,7 +273,7 @@ pub struct PlannerArgs {
     /// Discovery's address [default: http://127.0.0.1:7400].
     #[arg(long)]
     pub discovery: Option<String>,
-    /// Database of the interaction log [default: sqlite://agentmesh.db].
+    /// Database of the interaction log [default: sqlite://.agentmesh/agentmesh.db].
     #[arg(long)]
     pub database_url: Option<SecretUrl>,
     /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
@@ -338,7 +338,7 @@ pub struct SynthesisArgs {
     /// Discovery's address, for the catalog reviews suggest from [default: http://127.0.0.1:7400].
     #[arg(long)]
     pub discovery: Option<String>,
-    /// Database of the interaction log [default: sqlite://agentmesh.db].
+    /// Database of the interaction log [default: sqlite://.agentmesh/agentmesh.db].
     #[arg(long)]
     pub database_url: Option<SecretUrl>,
     /// `provider:model[,provider:model…]`, as for `serve planner`.
@@ -407,7 +407,7 @@ pub struct GatewayArgs {
     /// Seconds an orchestration may take [default: 900].
     #[arg(long, value_name = "SECONDS")]
     pub request_timeout_secs: Option<f64>,
-    /// Database keeping orchestration messages for resuming [default: sqlite://agentmesh.db].
+    /// Database keeping orchestration messages for resuming [default: sqlite://.agentmesh/agentmesh.db].
     #[arg(long)]
     pub database_url: Option<SecretUrl>,
     /// Print the resulting configuration and exit.
@@ -442,7 +442,7 @@ pub struct ExecutorArgs {
     #[arg(long)]
     pub planner: Option<String>,
     /// Where executions are stored: `sqlite://PATH` or `postgres://…` (replicas
-    /// sharing PostgreSQL share the work) [default: sqlite://agentmesh.db].
+    /// sharing PostgreSQL share the work) [default: sqlite://.agentmesh/agentmesh.db].
     #[arg(long)]
     pub database_url: Option<SecretUrl>,
     /// Steps of one execution running at once [default: 16].

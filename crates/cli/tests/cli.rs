@@ -102,7 +102,7 @@ fn configuration_layers_defaults_file_environment_and_flags() {
     assert!(out.contains("listen = \"127.0.0.1:9100\""), "flag wins: {out}");
     assert!(out.contains("cache_ttl_secs = 7.0"), "environment beats the file: {out}");
     assert!(out.contains("heartbeat_interval_secs = 2.0"), "file beats defaults: {out}");
-    assert!(out.contains("database_url = \"sqlite://agentmesh.db\""), "default: {out}");
+    assert!(out.contains("database_url = \"sqlite://.agentmesh/agentmesh.db\""), "default: {out}");
 
     let output = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
         .args(["serve", "discovery", "--heartbeat-interval-secs", "0", "--print-config"])
@@ -316,4 +316,33 @@ async fn the_example_replay_script_plans_offline() {
     assert_eq!(plan["steps"][0]["agent"], "weather-tool-v2", "{out}");
     assert_eq!(plan["steps"][0]["parameters"], serde_json::json!({"location": "Chicago"}));
     planner.abort();
+}
+
+#[test]
+fn every_service_keeps_its_data_where_up_does_by_default() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("agentmesh-cli-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+        .args(["serve", "discovery", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .env_remove("AGENTMESH_CONFIG")
+        .env_remove("AGENTMESH_DISCOVERY__DATABASE_URL")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("listening") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let created = dir.join(".agentmesh/agentmesh.db").exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(created, "no .agentmesh/agentmesh.db; logs:\n{seen}");
 }

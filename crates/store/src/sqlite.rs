@@ -49,7 +49,21 @@ impl SqliteStore {
 /// mode, and runs migrations. `sqlite::memory:` keeps everything in memory.
 pub(crate) async fn open(url: &str) -> StoreResult<SqlitePool> {
     let memory = url.contains(":memory:") || url.contains("mode=memory");
-    let options = SqliteConnectOptions::from_str(url)?
+    let options = SqliteConnectOptions::from_str(url)?;
+    // The file is created when missing, and so is its directory (the
+    // default `.agentmesh/agentmesh.db` of every command).
+    if !memory
+        && let Some(dir) = options.get_filename().parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            sqlx::Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("cannot create the directory {} for the database: {e}", dir.display()),
+            ))
+        })?;
+    }
+    let options = options
         .create_if_missing(true)
         .journal_mode(if memory { SqliteJournalMode::Memory } else { SqliteJournalMode::Wal })
         .synchronous(SqliteSynchronous::Normal)

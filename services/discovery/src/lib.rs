@@ -89,7 +89,7 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
-            database_url: "sqlite://agentmesh.db".to_owned(),
+            database_url: "sqlite://.agentmesh/agentmesh.db".to_owned(),
             heartbeat_interval_secs: 10.0,
             cache_ttl_secs: 30.0,
             max_request_bytes: 1024 * 1024,

@@ -157,7 +157,7 @@ impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7402)),
-            database_url: "sqlite://agentmesh.db".into(),
+            database_url: "sqlite://.agentmesh/agentmesh.db".into(),
             discovery_url: "http://127.0.0.1:7400".into(),
             planner_url: None,
             max_concurrency: 16,

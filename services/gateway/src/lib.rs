@@ -108,7 +108,7 @@ impl Default for GatewayConfig {
             max_concurrent_requests: 1_000,
             max_request_bytes: 1024 * 1024,
             health_check_interval_secs: 2.0,
-            database_url: "sqlite://agentmesh.db".into(),
+            database_url: "sqlite://.agentmesh/agentmesh.db".into(),
             event_retention_secs: 3600,
             resume_grace_secs: 30.0,
         }

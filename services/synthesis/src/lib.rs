@@ -140,7 +140,7 @@ impl Default for SynthesisConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7403)),
             discovery_url: "http://127.0.0.1:7400".into(),
-            database_url: "sqlite://agentmesh.db".into(),
+            database_url: "sqlite://.agentmesh/agentmesh.db".into(),
             llm: String::new(),
             llm_base_url: None,
             llm_structured: "auto".into(),
