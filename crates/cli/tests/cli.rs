@@ -346,3 +346,24 @@ fn every_service_keeps_its_data_where_up_does_by_default() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(created, "no .agentmesh/agentmesh.db; logs:\n{seen}");
 }
+
+#[test]
+fn an_address_without_a_scheme_says_what_to_write() {
+    let (ok, _, err) = agentmesh(&["agents", "--discovery", "127.0.0.1:7400", "list"]);
+    assert!(!ok);
+    assert!(err.contains("`127.0.0.1:7400` has no scheme: write http://127.0.0.1:7400"), "{err}");
+    let (ok, _, err) = agentmesh(&[
+        "serve",
+        "planner",
+        "--listen",
+        "127.0.0.1:0",
+        "--discovery",
+        "127.0.0.1:7400",
+        "--llm",
+        "replay:nowhere.json",
+        "--database-url",
+        "sqlite::memory:",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("discovery_url `127.0.0.1:7400` has no scheme: write http://127.0.0.1:7400"), "{err}");
+}

@@ -30,6 +30,18 @@ pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 const SECRET_PARAMETERS: [&str; 9] =
     ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
 
+/// Checks that the setting `name` is an `http://` or `https://` URL with a
+/// host, so that a missing scheme fails at start-up with what to write
+/// instead of as a transport error later.
+pub fn check_service_url(name: &str, url: &str) -> anyhow::Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        anyhow::bail!("{name} `{url}` has no scheme: write http://{url} (or https://…)");
+    };
+    anyhow::ensure!(matches!(scheme, "http" | "https"), "{name} `{}` must start with http:// or https://", redact(url));
+    anyhow::ensure!(!rest.trim_matches('/').is_empty(), "{name} `{url}` has no host");
+    Ok(())
+}
+
 /// A URL with its secrets replaced by `***`, for logs and printed
 /// configuration: the user-info password, and query parameters such as
 /// `password=` or `key=` alike.

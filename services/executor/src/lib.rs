@@ -187,6 +187,10 @@ impl Default for ExecutorConfig {
 impl ExecutorConfig {
     /// Checks the values once at start-up.
     pub fn validate(&self) -> anyhow::Result<()> {
+        agentmesh_server::check_service_url("discovery_url", &self.discovery_url)?;
+        if let Some(planner) = &self.planner_url {
+            agentmesh_server::check_service_url("planner_url", planner)?;
+        }
         anyhow::ensure!(self.max_concurrency >= 1, "max_concurrency must be at least 1");
         anyhow::ensure!(self.step_timeout_ms >= 1, "step_timeout_ms must be at least 1");
         anyhow::ensure!(self.max_concurrent_steps >= 1, "max_concurrent_steps must be at least 1");

@@ -123,10 +123,7 @@ impl GatewayConfig {
             ("executor_url", &self.executor_url),
             ("synthesis_url", &self.synthesis_url),
         ] {
-            anyhow::ensure!(
-                url.starts_with("http://") || url.starts_with("https://"),
-                "{name} `{url}` must start with http:// or https://"
-            );
+            agentmesh_server::check_service_url(name, url)?;
         }
         anyhow::ensure!(
             self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,

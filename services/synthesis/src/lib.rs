@@ -167,6 +167,7 @@ impl Default for SynthesisConfig {
 impl SynthesisConfig {
     /// Checks the values once at start-up.
     pub fn validate(&self) -> anyhow::Result<()> {
+        agentmesh_server::check_service_url("discovery_url", &self.discovery_url)?;
         anyhow::ensure!(
             !self.llm.is_empty(),
             "no LLM configured: pass --llm openai:MODEL (with --llm-base-url) or --llm replay:FILE"
