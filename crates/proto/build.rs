@@ -10,17 +10,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY of intent: build scripts are single-threaded; prost-build reads PROTOC.
     unsafe_env_set("PROTOC", &protoc);
 
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // The manifest directory of this run, not of the build that compiled
+    // this script: checkouts at different paths sharing one target
+    // directory reuse the compiled script, and must each read their own
+    // protos. For the same reason the rerun paths are relative (Cargo
+    // resolves them against the package being built).
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let relative = PathBuf::from("../../proto");
+    let root = manifest.join(&relative);
     let dir = root.join("agentmesh/v1");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "proto"))
+    let mut names: Vec<std::ffi::OsString> = std::fs::read_dir(&dir)?
+        .filter_map(|entry| entry.ok().map(|e| e.file_name()))
+        .filter(|name| std::path::Path::new(name).extension().is_some_and(|ext| ext == "proto"))
         .collect();
-    files.sort();
-    for file in &files {
-        println!("cargo:rerun-if-changed={}", file.display());
+    names.sort();
+    for name in &names {
+        println!("cargo:rerun-if-changed={}", relative.join("agentmesh/v1").join(name).display());
     }
-    println!("cargo:rerun-if-changed={}", dir.display());
+    println!("cargo:rerun-if-changed={}", relative.join("agentmesh/v1").display());
+    let files: Vec<PathBuf> = names.iter().map(|name| dir.join(name)).collect();
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()

@@ -57,6 +57,7 @@ async fn agents_commands_register_list_get_and_deregister() {
     assert!(ok);
     let agent: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(agent["skills"][0]["input_schema"]["required"], serde_json::json!(["location"]));
+    assert!(agent["updated_at"].as_str().is_some_and(|t| t.ends_with('Z')), "the same fields as REST: {out}");
 
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"id": "bad id", "base_url": "ftp://x"}"#).unwrap_or_else(|e| panic!("{e}"));

@@ -102,6 +102,7 @@ pub fn agent_to_pb<'a>(
             .collect(),
         skills: skills.into_iter().map(|c| capability_to_pb(&def.id, CapabilityKind::Skill, c, detail)).collect(),
         registered_at: Some(timestamp(record.registered_at)),
+        updated_at: Some(timestamp(record.updated_at)),
     }
 }
 
@@ -165,6 +166,7 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
         "health_status": health_name(agent.health_status),
         "last_heartbeat": ts(&agent.last_heartbeat),
         "registered_at": ts(&agent.registered_at),
+        "updated_at": ts(&agent.updated_at),
         "reasoners": caps(&agent.reasoners),
         "skills": caps(&agent.skills),
     })
