@@ -340,9 +340,13 @@ impl Registry {
         let now = Utc::now();
         let snapshot = self.cache.peek();
         for change in batch {
+            // The store knows whether the write created the agent; what this
+            // replica has seen may already include it (a reload or a health
+            // sweep can run before the notification arrives).
+            let created = matches!(change, CatalogChange::Registered { .. });
             match change {
                 CatalogChange::Registered { agent_id, .. } | CatalogChange::Updated { agent_id, .. } => {
-                    let kind = if known.contains_key(&agent_id) { EventKind::Updated } else { EventKind::Registered };
+                    let kind = if created { EventKind::Registered } else { EventKind::Updated };
                     let agent = fetched
                         .get(&agent_id)
                         .cloned()
