@@ -30,6 +30,25 @@ pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 const SECRET_PARAMETERS: [&str; 9] =
     ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
 
+/// Checks the settings behind [`Limits`] (before they are turned into one:
+/// a timeout that is not a finite number cannot be a `Duration`).
+pub fn check_limits(
+    request_timeout_secs: f64,
+    max_concurrent_requests: usize,
+    max_request_bytes: usize,
+) -> anyhow::Result<()> {
+    check_min_secs("request_timeout_secs", request_timeout_secs, 0.001)?;
+    anyhow::ensure!(max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+    anyhow::ensure!(max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
+    Ok(())
+}
+
+/// Checks that the setting `name`, in seconds, is a number of at least `min`.
+pub fn check_min_secs(name: &str, value: f64, min: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(value.is_finite() && value >= min, "{name} must be at least {min}, got {value}");
+    Ok(())
+}
+
 /// Checks that the setting `name` is an `http://` or `https://` URL with a
 /// host, so that a missing scheme fails at start-up with what to write
 /// instead of as a transport error later.

@@ -113,13 +113,11 @@ impl DiscoveryConfig {
             "cache_ttl_secs must be zero or more, got {}",
             self.cache_ttl_secs
         );
-        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
-        anyhow::ensure!(
-            self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,
-            "request_timeout_secs must be at least 0.001, got {}",
-            self.request_timeout_secs
-        );
-        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        agentmesh_server::check_limits(
+            self.request_timeout_secs,
+            self.max_concurrent_requests,
+            self.max_request_bytes,
+        )?;
         anyhow::ensure!(self.max_watch_streams >= 1, "max_watch_streams must be at least 1");
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),

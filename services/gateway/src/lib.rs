@@ -125,19 +125,13 @@ impl GatewayConfig {
         ] {
             agentmesh_server::check_service_url(name, url)?;
         }
-        anyhow::ensure!(
-            self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,
-            "request_timeout_secs must be at least 0.001, got {}",
-            self.request_timeout_secs
-        );
-        anyhow::ensure!(
-            self.health_check_interval_secs.is_finite() && self.health_check_interval_secs >= 0.05,
-            "health_check_interval_secs must be at least 0.05, got {}",
-            self.health_check_interval_secs
-        );
-        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        agentmesh_server::check_limits(
+            self.request_timeout_secs,
+            self.max_concurrent_requests,
+            self.max_request_bytes,
+        )?;
+        agentmesh_server::check_min_secs("health_check_interval_secs", self.health_check_interval_secs, 0.05)?;
         anyhow::ensure!(self.max_query_chars >= 1, "max_query_chars must be at least 1");
-        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
         anyhow::ensure!(self.event_retention_secs >= 1, "event_retention_secs must be at least 1");
         anyhow::ensure!(
             self.resume_grace_secs.is_finite() && self.resume_grace_secs >= 0.0,

@@ -182,18 +182,12 @@ impl PlannerConfig {
             !self.llm.is_empty(),
             "no LLM configured: pass --llm openai:MODEL (with --llm-base-url) or --llm replay:FILE"
         );
-        anyhow::ensure!(
-            self.health_check_interval_secs.is_finite() && self.health_check_interval_secs >= 0.05,
-            "health_check_interval_secs must be at least 0.05, got {}",
-            self.health_check_interval_secs
-        );
-        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
-        anyhow::ensure!(
-            self.request_timeout_secs.is_finite() && self.request_timeout_secs >= 0.001,
-            "request_timeout_secs must be at least 0.001, got {}",
-            self.request_timeout_secs
-        );
-        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        agentmesh_server::check_min_secs("health_check_interval_secs", self.health_check_interval_secs, 0.05)?;
+        agentmesh_server::check_limits(
+            self.request_timeout_secs,
+            self.max_concurrent_requests,
+            self.max_request_bytes,
+        )?;
         anyhow::ensure!(self.max_query_chars >= 1, "max_query_chars must be at least 1");
         anyhow::ensure!(
             (1..=50).contains(&self.max_plan_steps),
