@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use agentmesh_core::AgentDefinition;
 use agentmesh_discovery::convert::{agent_pb_to_json, definition_to_pb, health_name};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -71,8 +70,16 @@ async fn client(url: &str) -> anyhow::Result<DiscoveryServiceClient<TracedChanne
     Ok(DiscoveryServiceClient::new(crate::connect::connect(url, "discovery", "agentmesh up").await?))
 }
 
-fn status_error(status: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}: {}", status.code(), status.message())
+/// A registration refused before it is sent, worded like discovery's own
+/// answer: every invalid field on its own line.
+fn registration_error(file: &std::path::Path, error: agentmesh_discovery::DiscoveryError) -> anyhow::Error {
+    match error {
+        agentmesh_discovery::DiscoveryError::Validation(errors) => {
+            let fields: String = errors.iter().map(|e| format!("\n  {}: {}", e.field, e.message)).collect();
+            anyhow::anyhow!("{} is not a valid registration (validation_failed):{fields}", file.display())
+        }
+        other => anyhow::anyhow!("{} is not a valid registration: {other}", file.display()),
+    }
 }
 
 /// Runs an `agents` command.
@@ -103,7 +110,7 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
                     ..Default::default()
                 })
                 .await
-                .map_err(status_error)?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner();
             if !matches!(format, ListFormat::Table) {
                 println!("{}", response.rendered);
@@ -130,7 +137,7 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
             let agent = client
                 .get_agent(pb::GetAgentRequest { agent_id: id })
                 .await
-                .map_err(status_error)?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner()
                 .agent
                 .context("discovery returned no agent")?;
@@ -142,27 +149,22 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
             } else {
                 std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
             };
-            let definition: AgentDefinition = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a registration document", file.display()))?;
+            // Checked here exactly as `POST /api/v1/agents` checks it: the
+            // protobuf form cannot carry a schema that is not an object.
+            let definition = agentmesh_discovery::rest::parse_registration(text.as_bytes())
+                .map_err(|e| registration_error(&file, e))?;
             let response = client
                 .register_agent(pb::RegisterAgentRequest { agent: Some(definition_to_pb(&definition)) })
                 .await
-                .map_err(|status| {
-                    let details = tonic_types::StatusExt::get_details_bad_request(&status)
-                        .map(|b| {
-                            b.field_violations
-                                .iter()
-                                .map(|v| format!("\n  {}: {}", v.field, v.description))
-                                .collect::<String>()
-                        })
-                        .unwrap_or_default();
-                    anyhow::anyhow!("{}: {}{details}", status.code(), status.message())
-                })?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner();
             println!("{} {}", if response.created { "registered" } else { "updated" }, definition.id);
         }
         AgentsCommand::Deregister { id } => {
-            client.deregister_agent(pb::DeregisterAgentRequest { agent_id: id.clone() }).await.map_err(status_error)?;
+            client
+                .deregister_agent(pb::DeregisterAgentRequest { agent_id: id.clone() })
+                .await
+                .map_err(|s| crate::connect::rpc_error(&s))?;
             println!("deregistered {id}");
         }
     }

@@ -71,7 +71,7 @@ pub async fn ask(args: AskArgs) -> anyhow::Result<()> {
         request.metadata_mut().insert("x-request-id", value);
     }
     eprintln!("request {request_id}");
-    let fail = |s: tonic::Status| anyhow::anyhow!("request {request_id}: {}: {}", s.code(), s.message());
+    let fail = |s: tonic::Status| crate::connect::rpc_error(&s).context(format!("request {request_id}"));
     let response = GatewayServiceClient::new(channel).orchestrate(request).await.map_err(fail)?;
     if let Some(trace) = response.metadata().get("x-trace-id").and_then(|v| v.to_str().ok()) {
         eprintln!("trace {trace}");

@@ -1,5 +1,6 @@
-//! Configuration layering: defaults, then an optional TOML file, then
-//! `AGENTMESH_*` environment variables (`__` separates sections, e.g.
+//! Configuration layering: defaults (a command's own among them, such as
+//! `up --data-dir`), then an optional TOML file, then `AGENTMESH_*`
+//! environment variables (`__` separates sections, e.g.
 //! `AGENTMESH_DISCOVERY__DATABASE_URL`), then command-line flags; the result
 //! is validated once.
 
@@ -39,23 +40,21 @@ pub struct Config {
 /// A flag that overrides one configuration key.
 pub type Override = (&'static str, figment::value::Value);
 
-/// Loads the layered configuration.
-pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Config> {
+/// The sections of the configuration.
+pub const SECTIONS: [&str; 6] = ["discovery", "planner", "executor", "synthesis", "gateway", "telemetry"];
+
+/// Loads the layered configuration: `defaults` are a command's own defaults
+/// (below the file), `overrides` its flags (above everything).
+pub fn load(file: Option<&Path>, defaults: &[Override], overrides: &[Override]) -> anyhow::Result<Config> {
     let mut figment = Figment::from(Serialized::defaults(Config::default()));
+    for (key, value) in defaults {
+        figment = figment.merge(Serialized::default(key, value.clone()));
+    }
     if let Some(file) = file {
         anyhow::ensure!(file.exists(), "config file {} does not exist", file.display());
         figment = figment.merge(Toml::file(file));
     }
-    figment = figment.merge(
-        Env::prefixed("AGENTMESH_")
-            .filter(|key| {
-                let key = key.as_str().to_ascii_lowercase();
-                ["discovery__", "planner__", "executor__", "synthesis__", "gateway__", "telemetry__"]
-                    .iter()
-                    .any(|section| key.starts_with(section))
-            })
-            .split("__"),
-    );
+    figment = figment.merge(Env::prefixed("AGENTMESH_").filter(|key| section_of(key.as_str()).is_some()).split("__"));
     for (key, value) in overrides {
         figment = figment.merge(Serialized::default(key, value.clone()));
     }
@@ -64,12 +63,69 @@ pub fn load(file: Option<&Path>, overrides: &[Override]) -> anyhow::Result<Confi
     Ok(config)
 }
 
-/// The configuration as `--print-config` shows it: every URL (a key ending
-/// in `url` or `endpoint`) without its password or keys, and every value
-/// whose key names a secret (`password`, `token`, `secret`, `…_key`)
-/// replaced by `***`.
-pub fn printable(config: &Config) -> anyhow::Result<String> {
+/// The section an environment key (after `AGENTMESH_`) sets, if any:
+/// `DISCOVERY__DATABASE_URL` sets `discovery`.
+fn section_of(key: &str) -> Option<&'static str> {
+    let (section, _) = key.split_once("__")?;
+    SECTIONS.into_iter().find(|s| s.eq_ignore_ascii_case(section))
+}
+
+/// Variables starting with `AGENTMESH_` that the CLI reads by name, beside
+/// the `AGENTMESH_<SECTION>__<KEY>` settings (the test suite's own are
+/// listed so that its runs stay quiet).
+const KNOWN_VARIABLES: [&str; 13] = [
+    "AGENTMESH_CONFIG",
+    "AGENTMESH_LOG_FORMAT",
+    "AGENTMESH_DISCOVERY_URL",
+    "AGENTMESH_PLANNER_URL",
+    "AGENTMESH_EXECUTOR_URL",
+    "AGENTMESH_GATEWAY_URL",
+    "AGENTMESH_TEST_DATABASE_URL",
+    "AGENTMESH_LLAMA_URL",
+    "AGENTMESH_SMOLLM2_GGUF",
+    "AGENTMESH_REAL_MODEL_FULL",
+    "AGENTMESH_REAL_MODEL_ONLY",
+    "AGENTMESH_REAL_MODEL_RUNS",
+    "AGENTMESH_REAL_MODEL_VERBOSE",
+];
+
+/// A warning for each `AGENTMESH_` variable that sets nothing (such as
+/// `AGENTMESH_DISCOVERY_DATABASE_URL` with one underscore), saying what was
+/// probably meant.
+pub fn unknown_variables(variables: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for name in variables {
+        let Some(key) = name.strip_prefix("AGENTMESH_") else { continue };
+        if KNOWN_VARIABLES.contains(&name.as_str()) || section_of(key).is_some() {
+            continue;
+        }
+        let meant = SECTIONS.iter().find_map(|section| {
+            let rest = key.get(section.len()..)?;
+            (key[..section.len()].eq_ignore_ascii_case(section) && rest.starts_with('_') && rest.len() > 1)
+                .then(|| format!("AGENTMESH_{}__{}", &key[..section.len()], &rest[1..]))
+        });
+        warnings.push(match meant {
+            Some(meant) => format!(
+                "{name} is not read: a setting is AGENTMESH_<SECTION>__<KEY>, with two underscores; did you mean {meant}?"
+            ),
+            None => format!(
+                "{name} is not read: settings are AGENTMESH_<SECTION>__<KEY> (sections: {}); see `--print-config`",
+                SECTIONS.join(", ")
+            ),
+        });
+    }
+    warnings
+}
+
+/// The configuration as `--print-config` shows it, only the `sections` the
+/// command uses: every URL (a key ending in `url` or `endpoint`) without its
+/// password or keys, and every value whose key names a secret (`password`,
+/// `token`, `secret`, `…_key`) replaced by `***`.
+pub fn printable(config: &Config, sections: &[&str]) -> anyhow::Result<String> {
     let mut value = toml::Value::try_from(config).context("printing config")?;
+    if let toml::Value::Table(table) = &mut value {
+        table.retain(|section, _| sections.contains(&section));
+    }
     hide_secrets(&mut value, "");
     toml::to_string_pretty(&value).context("printing config")
 }
@@ -229,7 +285,8 @@ pub struct UpArgs {
     /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
     #[arg(long)]
     pub llm_base_url: Option<SecretUrl>,
-    /// Directory holding the embedded SQLite registry.
+    /// Directory of the embedded SQLite database, used by every service
+    /// whose `database_url` the file or the environment does not set.
     #[arg(long, default_value = ".agentmesh")]
     pub data_dir: PathBuf,
     /// Print the resulting configuration and exit.
@@ -238,29 +295,32 @@ pub struct UpArgs {
 }
 
 impl UpArgs {
-    /// The embedded default: SQLite in the data directory, unless configured otherwise.
-    pub fn overrides(&self) -> anyhow::Result<Vec<Override>> {
-        std::fs::create_dir_all(&self.data_dir)
-            .with_context(|| format!("creating data directory {}", self.data_dir.display()))?;
-        let mut out = Vec::new();
+    /// The embedded default, SQLite in the data directory, as a default:
+    /// a `database_url` in the file or the environment wins over it.
+    pub fn defaults(&self) -> Vec<Override> {
         let embedded = format!("sqlite://{}", self.data_dir.join("agentmesh.db").display());
-        for (variable, key) in [
-            ("AGENTMESH_DISCOVERY__DATABASE_URL", "discovery.database_url"),
-            ("AGENTMESH_PLANNER__DATABASE_URL", "planner.database_url"),
-            ("AGENTMESH_EXECUTOR__DATABASE_URL", "executor.database_url"),
-            ("AGENTMESH_SYNTHESIS__DATABASE_URL", "synthesis.database_url"),
-            ("AGENTMESH_GATEWAY__DATABASE_URL", "gateway.database_url"),
+        let mut out = Vec::new();
+        for key in [
+            "discovery.database_url",
+            "planner.database_url",
+            "executor.database_url",
+            "synthesis.database_url",
+            "gateway.database_url",
         ] {
-            if std::env::var_os(variable).is_none() {
-                push(&mut out, key, Some(embedded.clone()));
-            }
+            push(&mut out, key, Some(embedded.clone()));
         }
+        out
+    }
+
+    /// The flags given, as configuration overrides.
+    pub fn overrides(&self) -> Vec<Override> {
+        let mut out = Vec::new();
         push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
         push(&mut out, "planner.llm", self.llm.clone());
         push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
         push(&mut out, "synthesis.llm", self.llm.clone());
         push(&mut out, "synthesis.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
-        Ok(out)
+        out
     }
 }
 
@@ -503,7 +563,7 @@ mod tests {
         let mut config = Config::default();
         config.planner.llm_base_url = Some("https://u:hunter2@llm/v1?key=hunter3".into());
         config.telemetry.otlp_endpoint = Some("https://u:hunter4@collector:4318".into());
-        let printed = printable(&config).unwrap_or_default();
+        let printed = printable(&config, &SECTIONS).unwrap_or_default();
         assert!(!printed.contains("hunter"), "{printed}");
         assert!(printed.contains("llm_base_url = \"https://u:***@llm/v1?key=***\""), "{printed}");
         for key in ["api_key", "password", "auth_token", "client_secret", "OPENAI_API_KEY"] {

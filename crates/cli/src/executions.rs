@@ -100,13 +100,6 @@ async fn client(url: &str) -> anyhow::Result<ExecutorServiceClient<TracedChannel
         .max_decoding_message_size(64 << 20))
 }
 
-fn status_error(status: &tonic::Status) -> anyhow::Error {
-    let details = tonic_types::StatusExt::get_details_bad_request(status)
-        .map(|b| b.field_violations.iter().map(|v| format!("\n  {}: {}", v.field, v.description)).collect::<String>())
-        .unwrap_or_default();
-    anyhow::anyhow!("{:?}: {}{details}", status.code(), status.message())
-}
-
 fn kind_name(kind: i32) -> &'static str {
     pb::ExecutionEventKind::try_from(kind)
         .map(|k| k.as_str_name().trim_start_matches("EXECUTION_EVENT_KIND_"))
@@ -166,7 +159,7 @@ async fn follow(
     let started = Instant::now();
     let mut last = None;
     while let Some(event) = events.next().await {
-        let event = event.map_err(|s| status_error(&s))?;
+        let event = event.map_err(|s| crate::connect::rpc_error(&s))?;
         eprintln!("[{:>7} ms] #{:<4} {}", started.elapsed().as_millis(), event.sequence, describe(&event));
         last = Some(event);
     }
@@ -207,14 +200,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let events = client
         .execute(request)
         .await
-        .map_err(|s| status_error(&s).context(format!("request {request_id}")))?
+        .map_err(|s| crate::connect::rpc_error(&s).context(format!("request {request_id}")))?
         .into_inner()
         .map(|r| r.map(|r| r.event.unwrap_or_default()));
     let last = follow(events).await?.context("the executor sent no event")?;
     let execution = client
         .get_execution(pb::GetExecutionRequest { execution_id: last.execution_id.clone() })
         .await
-        .map_err(|s| status_error(&s))?
+        .map_err(|s| crate::connect::rpc_error(&s))?
         .into_inner()
         .execution
         .unwrap_or_default();
@@ -288,7 +281,7 @@ pub async fn executions(args: ExecutionsArgs) -> anyhow::Result<()> {
                     page_token: String::new(),
                 })
                 .await
-                .map_err(|s| status_error(&s))?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner();
             println!("{:<24} {:<10} {:>5} {:>6} {:<26} REQUEST", "EXECUTION", "STATUS", "STEPS", "EVENTS", "CREATED");
             for e in &list.executions {
@@ -313,7 +306,7 @@ pub async fn executions(args: ExecutionsArgs) -> anyhow::Result<()> {
             let execution = client
                 .get_execution(pb::GetExecutionRequest { execution_id: id })
                 .await
-                .map_err(|s| status_error(&s))?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner()
                 .execution
                 .unwrap_or_default();
@@ -323,7 +316,7 @@ pub async fn executions(args: ExecutionsArgs) -> anyhow::Result<()> {
             let events = client
                 .watch_execution(pb::WatchExecutionRequest { execution_id: id, from_sequence: after })
                 .await
-                .map_err(|s| status_error(&s))?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner()
                 .map(|r| r.map(|r| r.event.unwrap_or_default()));
             follow(events).await?;
@@ -332,7 +325,7 @@ pub async fn executions(args: ExecutionsArgs) -> anyhow::Result<()> {
             let execution = client
                 .cancel_execution(pb::CancelExecutionRequest { execution_id: id, reason })
                 .await
-                .map_err(|s| status_error(&s))?
+                .map_err(|s| crate::connect::rpc_error(&s))?
                 .into_inner()
                 .execution
                 .unwrap_or_default();

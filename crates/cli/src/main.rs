@@ -113,21 +113,41 @@ impl Command {
     }
 
     /// The command's flags, as configuration overrides.
-    fn overrides(&self) -> anyhow::Result<Vec<config::Override>> {
-        Ok(match self {
+    fn overrides(&self) -> Vec<config::Override> {
+        match self {
             Command::Serve { service: ServeCommand::Discovery(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Executor(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Synthesis(args) } => args.overrides(),
             Command::Serve { service: ServeCommand::Gateway(args) } => args.overrides(),
-            Command::Up(args) => args.overrides()?,
+            Command::Up(args) => args.overrides(),
             Command::Agents(_)
             | Command::Ask(_)
             | Command::Plan(_)
             | Command::Interactions(_)
             | Command::Run(_)
             | Command::Executions(_) => Vec::new(),
-        })
+        }
+    }
+
+    /// The command's own defaults, below the configuration file.
+    fn defaults(&self) -> Vec<config::Override> {
+        match self {
+            Command::Up(args) => args.defaults(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The configuration sections the command uses (`--print-config` shows these).
+    fn sections(&self) -> &'static [&'static str] {
+        match self {
+            Command::Serve { service: ServeCommand::Discovery(_) } => &["discovery", "telemetry"],
+            Command::Serve { service: ServeCommand::Planner(_) } => &["planner", "telemetry"],
+            Command::Serve { service: ServeCommand::Executor(_) } => &["executor", "telemetry"],
+            Command::Serve { service: ServeCommand::Synthesis(_) } => &["synthesis", "telemetry"],
+            Command::Serve { service: ServeCommand::Gateway(_) } => &["gateway", "telemetry"],
+            _ => &config::SECTIONS,
+        }
     }
 
     fn prints_config(&self) -> bool {
@@ -149,22 +169,41 @@ impl Command {
 }
 
 fn fail(e: &anyhow::Error) -> std::process::ExitCode {
-    eprintln!("error: {e:#}");
+    eprintln!("error: {}", error_text(e));
     std::process::ExitCode::FAILURE
+}
+
+/// An error and its causes on one line, each cause said once: libraries
+/// often wrap an error in one that repeats its text
+/// ("tcp connect error: tcp connect error: …").
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if cause.is_empty() || text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let config = match cli.command.overrides().and_then(|mut overrides| {
-        overrides.extend(cli.telemetry.overrides());
-        config::load(cli.config.as_deref(), &overrides)
-    }) {
+    for warning in config::unknown_variables(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok())) {
+        eprintln!("warning: {warning}");
+    }
+    let mut overrides = cli.command.overrides();
+    overrides.extend(cli.telemetry.overrides());
+    let config = match config::load(cli.config.as_deref(), &cli.command.defaults(), &overrides) {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
     if cli.command.prints_config() {
-        return match config::printable(&config) {
+        return match config::printable(&config, cli.command.sections()) {
             Ok(text) => {
                 println!("{text}");
                 std::process::ExitCode::SUCCESS

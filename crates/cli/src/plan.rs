@@ -75,7 +75,10 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         .await?
         .create_plan(request)
         .await
-        .map_err(|s| anyhow::anyhow!("request {request_id}: {}: {}", s.code(), s.message()))?
+        .map_err(|s| {
+            crate::connect::rpc_error(&s)
+                .context(format!("request {request_id} (its LLM calls: `agentmesh interactions {request_id}`)"))
+        })?
         .into_inner();
     let plan = response.plan.unwrap_or_default();
     let steps: Vec<serde_json::Value> = plan
@@ -88,18 +91,34 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         .collect();
     println!("{}", serde_json::to_string_pretty(&json!({"reasoning": plan.reasoning, "steps": steps}))?);
     let stats = response.stats.unwrap_or_default();
-    eprintln!(
-        "request {}: {} steps, {} LLM calls ({} retries, {} hallucinations caught), model {} via {}, {} ms",
-        response.request_id,
-        plan.steps.len(),
-        stats.llm_calls,
+    eprintln!("{}", summary(&response.request_id, plan.steps.len(), &stats));
+    if plan.steps.is_empty() && !response.zero_step_reason.is_empty() {
+        eprintln!("no steps: {}", response.zero_step_reason);
+    }
+    Ok(())
+}
+
+/// What the planner did, in one line: the steps, what the model was offered
+/// (the catalog after health and `--allow` filtering, and how many of those
+/// pre-selection kept), the calls made.
+fn summary(request_id: &str, steps: usize, stats: &pb::PlanningStats) -> String {
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let offered = plural(u64::from(stats.catalog_size), "capability", "capabilities");
+    let preselected = if stats.preselected_capabilities > 0 && stats.preselected_capabilities < stats.catalog_size {
+        format!(", {} pre-selected", stats.preselected_capabilities)
+    } else {
+        String::new()
+    };
+    format!(
+        "request {request_id}: {} over {offered} offered to the model{preselected}; {} ({} retries, {} hallucinations caught), model {} via {}, {} ms",
+        plural(steps as u64, "step", "steps"),
+        plural(u64::from(stats.llm_calls), "LLM call", "LLM calls"),
         stats.retries,
         stats.hallucinations_detected,
         stats.model,
         stats.provider,
         stats.latency_ms
-    );
-    Ok(())
+    )
 }
 
 /// Prints the LLM calls of a request.
@@ -108,7 +127,7 @@ pub async fn interactions(args: InteractionsArgs) -> anyhow::Result<()> {
         .await?
         .list_interactions(pb::ListInteractionsRequest { request_id: args.request_id.clone() })
         .await
-        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?
+        .map_err(|s| crate::connect::rpc_error(&s))?
         .into_inner()
         .interactions;
     if list.is_empty() {

@@ -65,6 +65,41 @@ async fn agents_commands_register_list_get_and_deregister() {
     assert!(!ok);
     assert!(err.contains("id:") && err.contains("base_url:"), "field errors are shown: {err}");
 
+    // What REST refuses, the CLI refuses the same way, naming each field,
+    // instead of registering the agent without the parts that do not fit.
+    let lossy = dir.join("lossy.json");
+    let body = r#"{"id": "lossy-tool", "base_url": "http://127.0.0.1:9001",
+        "skills": [{"id": "s", "output_schema": "nope", "input_schema": [1, 2], "examples": [1, "x"]}]}"#;
+    std::fs::write(&lossy, body).unwrap_or_else(|e| panic!("{e}"));
+    let (ok, out, err) = agentmesh(&["agents", "--discovery", &url, "register", "-f", &lossy.to_string_lossy()]);
+    assert!(!ok, "registered: {out}");
+    for field in
+        ["skills[0].input_schema:", "skills[0].output_schema:", "skills[0].examples[0]:", "skills[0].examples[1]:"]
+    {
+        assert!(err.contains(field), "{field} is named: {err}");
+    }
+    let rest = agentmesh_testkit::http_client()
+        .post(format!("{url}/api/v1/agents"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rest.status().as_u16(), 400);
+    let rest: serde_json::Value = rest.json().await.unwrap_or_else(|e| panic!("{e}"));
+    let rest_fields: Vec<&str> =
+        rest["details"]["errors"].as_array().into_iter().flatten().filter_map(|e| e["field"].as_str()).collect();
+    assert_eq!(rest_fields.len(), 4, "{rest}");
+    for field in rest_fields {
+        assert!(err.contains(&format!("{field}:")), "REST names {field}, so does the CLI: {err}");
+    }
+    let array = dir.join("array.json");
+    std::fs::write(&array, "[]").unwrap_or_else(|e| panic!("{e}"));
+    let (ok, _, err) = agentmesh(&["agents", "--discovery", &url, "register", "-f", &array.to_string_lossy()]);
+    assert!(!ok && err.contains("must be a JSON object"), "{err}");
+    let (_, _, err) = agentmesh(&["agents", "--discovery", &url, "get", "lossy-tool"]);
+    assert!(err.contains("agent `lossy-tool` is not registered (not_found)"), "nothing was registered: {err}");
+
     let (ok, out, _) = agentmesh(&["agents", "--discovery", &url, "deregister", "weather-tool-v2"]);
     assert!(ok);
     assert_eq!(out.trim(), "deregistered weather-tool-v2");
@@ -111,6 +146,56 @@ fn configuration_layers_defaults_file_environment_and_flags() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("heartbeat_interval_secs"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `up --config` honours the file's database (its data directory is only a
+/// default), `--print-config` of one service shows only its sections, a
+/// list setting can be written with commas, and a variable with one
+/// underscore too few is pointed out.
+#[test]
+fn up_honours_the_file_and_the_environment_speaks_plainly() {
+    let dir = std::env::temp_dir().join(format!("agentmesh-config-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.join("agentmesh.toml");
+    std::fs::write(&file, "[discovery]\ndatabase_url = \"sqlite:///var/lib/agentmesh/registry.db\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
+        command.args(args).env_remove("AGENTMESH_CONFIG");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let output = command.output().unwrap_or_else(|e| panic!("{e}"));
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let data = dir.join("data");
+    let (out, _) =
+        run(&["--config", &file.to_string_lossy(), "up", "--data-dir", &data.to_string_lossy(), "--print-config"], &[]);
+    let section = |name: &str| {
+        out.split(&format!("[{name}]")).nth(1).and_then(|rest| rest.split("\n[").next()).unwrap_or_default().to_owned()
+    };
+    assert!(section("discovery").contains("database_url = \"sqlite:///var/lib/agentmesh/registry.db\""), "{out}");
+    let embedded = format!("database_url = \"sqlite://{}\"", data.join("agentmesh.db").display());
+    assert!(section("planner").contains(&embedded), "what the file leaves out uses --data-dir: {out}");
+
+    let (out, _) = run(&["serve", "discovery", "--print-config"], &[]);
+    assert!(out.contains("[discovery]") && out.contains("[telemetry]"), "{out}");
+    for other in ["[planner]", "[executor]", "[synthesis]", "[gateway]"] {
+        assert!(!out.contains(other), "discovery does not use {other}: {out}");
+    }
+
+    let (out, err) = run(
+        &["serve", "planner", "--print-config"],
+        &[("AGENTMESH_PLANNER__SELF_AGENT_IDS", "me, other"), ("AGENTMESH_DISCOVERY_DATABASE_URL", "sqlite://x.db")],
+    );
+    assert!(out.contains("self_agent_ids = [\n    \"me\",\n    \"other\",\n]"), "{out}");
+    assert!(
+        err.contains("AGENTMESH_DISCOVERY_DATABASE_URL is not read")
+            && err.contains("did you mean AGENTMESH_DISCOVERY__DATABASE_URL?"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -170,6 +255,8 @@ fn printed_configuration_and_errors_hide_passwords_and_keys() {
     let output = run(&["serve", "discovery", "--database-url", flag, "--print-config"]);
     let out = String::from_utf8_lossy(&output.stdout);
     assert!(out.contains("database_url = \"postgres://discovery:***@db.internal/agentmesh\""), "{out}");
+    let output = run(&["up", "--data-dir", &dir.join("data").to_string_lossy(), "--print-config"]);
+    let out = String::from_utf8_lossy(&output.stdout);
     assert!(out.contains("database_url = \"postgres://executor@db.internal/agentmesh?password=***\""), "{out}");
     assert!(out.contains("llm_base_url = \"https://llm:***@llm.internal/v1?key=***\""), "{out}");
 
@@ -225,6 +312,7 @@ async fn plan_and_interactions_commands_talk_to_a_running_planner() {
     assert_eq!(plan["steps"][0]["parameters"], serde_json::json!({"location": "Chicago"}));
     let request_id = err.split_whitespace().nth(1).unwrap_or_default().trim_end_matches(':').to_owned();
     assert!(request_id.starts_with("req_"), "{err}");
+    assert!(err.contains(": 1 step over 1 capability offered to the model; 1 LLM call ("), "{err}");
 
     let url = planner_url.clone();
     let (ok, out, err) =
@@ -367,4 +455,204 @@ fn an_address_without_a_scheme_says_what_to_write() {
     ]);
     assert!(!ok);
     assert!(err.contains("discovery_url `127.0.0.1:7400` has no scheme: write http://127.0.0.1:7400"), "{err}");
+}
+
+/// Each failure is one line saying what is wrong and what to do: no cause
+/// repeated, no gRPC status prose, no server source lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_one_clear_line() {
+    let closed = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+    let port = closed.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+    drop(closed);
+    let url = format!("http://127.0.0.1:{port}");
+    let (ok, _, err) = agentmesh(&["agents", "--discovery", &url, "list"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("nothing is listening at {url} (connection refused)")), "{err}");
+    assert!(!err.contains("tcp connect error: tcp connect error"), "{err}");
+
+    let db = TestDatabase::sqlite();
+    let svc = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (ok, _, err) = agentmesh(&["agents", "--discovery", &svc.url(), "get", "nobody"]);
+    assert!(!ok);
+    assert_eq!(err.trim(), "error: agent `nobody` is not registered (not_found)");
+
+    let Some(pg) = TestDatabase::postgres().await else { return };
+    let missing = agentmesh_testkit::replace_database(&pg.url, "agentmesh_cli_missing_db");
+    let (ok, _, err) = agentmesh(&["serve", "discovery", "--listen", "127.0.0.1:0", "--database-url", &missing]);
+    assert!(!ok);
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: ") && last.contains("createdb"), "{err}");
+    assert_eq!(err.matches("agentmesh_cli_missing_db\"").count(), 1, "said once: {err}");
+}
+
+/// A hosted provider without its key stops at start-up naming the missing
+/// variable, not at the first request with a DNS or 401 error; an unknown
+/// provider's message lists every accepted name.
+#[test]
+fn llm_settings_that_cannot_work_stop_the_start() {
+    let start = |llm: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+            .args(["serve", "planner", "--listen", "127.0.0.1:0", "--database-url", "sqlite::memory:", "--llm", llm])
+            .env_remove("AGENTMESH_CONFIG")
+            .env_remove("AGENTMESH_PLANNER__LLM_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!output.status.success(), "{llm} started");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let err = start("openai:gpt-4.1-mini");
+    assert!(err.contains("no OPENAI_API_KEY is set"), "{err}");
+    let err = start("anthropic:sonnet");
+    assert!(err.contains("no ANTHROPIC_API_KEY is set"), "{err}");
+    let err = start("mistral:large");
+    for name in ["openai", "openai-compatible", "anthropic", "gemini", "ollama", "vllm", "llamacpp", "replay"] {
+        assert!(err.contains(name), "{name} is listed: {err}");
+    }
+}
+
+/// The first `request refused` log line of `process` mentioning `needle`.
+async fn refused_line(process: &agentmesh_testkit::ServiceProcess, needle: &str) -> serde_json::Value {
+    for _ in 0..200 {
+        let found = process
+            .logs()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| line["message"] == "request refused" && line.to_string().contains(needle));
+        if let Some(line) = found {
+            return line;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("no `request refused` line with {needle}; logs:\n{}", process.logs().join("\n"));
+}
+
+/// A refused request leaves an INFO line with its request id, so the id a
+/// client quotes can be found in the logs; REST and gRPC alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_are_logged_with_their_request_id() {
+    let discovery = agentmesh_testkit::ServiceProcess::spawn(
+        std::path::Path::new(env!("CARGO_BIN_EXE_agentmesh")),
+        &["serve", "discovery", "--listen", "127.0.0.1:0", "--database-url", "sqlite::memory:"],
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let answer = agentmesh_testkit::http_client()
+        .get(format!("{}/api/v1/agents/nobody", discovery.url()))
+        .header("x-request-id", "req_quoted_in_a_report")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.status().as_u16(), 404);
+    let line = refused_line(&discovery, "req_quoted_in_a_report").await;
+    assert_eq!(line["level"], "INFO", "{line}");
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(404), Some("not_found")), "{line}");
+    assert_eq!(line["reason"], "agent `nobody` is not registered", "{line}");
+
+    let url = discovery.url();
+    let (ok, _, _) =
+        tokio::task::spawn_blocking(move || agentmesh(&["agents", "--discovery", &url, "get", "nobody-over-grpc"]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!ok);
+    let line = refused_line(&discovery, "nobody-over-grpc").await;
+    assert_eq!((line["level"].as_str(), line["code"].as_str()), (Some("INFO"), Some("NotFound")), "{line}");
+    assert!(line["request_id"].as_str().is_some_and(|id| id.starts_with("req_")), "{line}");
+}
+
+/// An agent gone quiet is left out of planning: the summary shows that the
+/// model was offered nothing and the reason says how to plan anyway, which
+/// `--include-unhealthy` does. A plan that fails for want of a model server
+/// names its request id, and the failed call is there to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_says_what_the_model_saw_and_a_failed_plan_can_be_followed_up() {
+    use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig {
+        database_url: db.url.clone(),
+        heartbeat_interval_secs: 0.05,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let registration = serde_json::json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
+        {"id": "get_current_weather", "description": "Current weather"}]});
+    let response = agentmesh_testkit::http_client()
+        .post(format!("{}/api/v1/agents", discovery.url()))
+        .json(&registration)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(response.status().is_success());
+    // Six missed intervals of 50 ms: inactive.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+
+    let answer = r#"{"reasoning": "r", "steps": [{"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather", "instruction": "i", "parameters": {}, "depends_on": []}]}"#;
+    let llm =
+        ScriptedLlmServer::start(vec![ScriptedReply::openai_content(answer)]).await.unwrap_or_else(|e| panic!("{e}"));
+    let spawn = |llm_base_url: String| async {
+        let listener = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+        let config = agentmesh_planner::PlannerConfig {
+            discovery_url: discovery.url(),
+            database_url: db.url.clone(),
+            llm: "openai:scripted".into(),
+            llm_base_url: Some(llm_base_url),
+            llm_retries: 0,
+            ..Default::default()
+        };
+        (url, tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending())))
+    };
+    let (planner_url, planner) = spawn(llm.url()).await;
+    let plan = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || agentmesh(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let args = |extra: &[&str], url: &str| {
+        let mut args = vec!["plan".to_owned(), "--planner".to_owned(), url.to_owned()];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args.push("What is the weather in Chicago?".to_owned());
+        args
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (ok, out, err) = plan(args(&[], &planner_url)).await;
+    assert!(ok, "{err}");
+    assert!(err.contains(": 0 steps over 0 capabilities offered to the model; 0 LLM calls"), "{err}");
+    assert!(err.contains("left out as inactive") && err.contains("--include-unhealthy"), "{err}");
+    assert!(out.contains("\"steps\": []"), "{out}");
+    let (ok, out, err) = plan(args(&["--include-unhealthy"], &planner_url)).await;
+    assert!(ok, "{err}");
+    assert!(err.contains(": 1 step over 1 capability offered to the model"), "{err}");
+    assert!(out.contains("get_current_weather"), "{out}");
+    planner.abort();
+
+    // No model server behind the planner.
+    let closed = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+    let nowhere = format!("http://{}/v1", closed.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    drop(closed);
+    let (planner_url, planner) = spawn(nowhere.clone()).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (ok, _, err) = plan(args(&["--include-unhealthy"], &planner_url)).await;
+    assert!(!ok);
+    let request_id = err
+        .split_whitespace()
+        .find(|w| w.starts_with("req_"))
+        .unwrap_or_else(|| panic!("no request id: {err}"))
+        .trim_end_matches(['`', ')', ':'])
+        .to_owned();
+    assert!(err.contains(&format!("agentmesh interactions {request_id}")), "{err}");
+    assert!(err.contains("(unavailable)") && !err.contains("The service is currently unavailable"), "{err}");
+    let (ok, out, err) = plan(vec!["interactions".into(), "--planner".into(), planner_url.clone(), request_id]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("== plan model=scripted") && out.contains("error: "), "the failed call is kept: {out}");
+    assert!(out.contains(&nowhere.replace("/v1", "")), "its error says where it went: {out}");
+    planner.abort();
 }

@@ -340,5 +340,5 @@ async fn the_cli_runs_plans_and_lists_inspects_follows_and_cancels_executions() 
     assert!(ok);
     assert_eq!(cancelled.trim(), "exe-cli failed", "a finished execution stays as it was");
     let (ok, _, missing) = cli(&["executions", "get", "exe-nope", "--executor", &url]).await;
-    assert!(!ok && missing.contains("NotFound"), "{missing}");
+    assert!(!ok && missing.contains("(not_found)"), "{missing}");
 }

@@ -312,6 +312,11 @@ impl LlmProvider for Anthropic {
         "anthropic"
     }
 
+    async fn probe(&self) -> Result<String, String> {
+        let url = self.endpoint.replace("/v1/messages", "/v1/models");
+        self.http.probe(&url, &self.headers).await
+    }
+
     fn model(&self) -> &str {
         &self.model
     }

@@ -57,6 +57,18 @@ impl LlmProvider for FallbackChain {
     fn accepts_model(&self, name: &str) -> bool {
         self.providers.iter().any(|p| p.accepts_model(name))
     }
+
+    /// Reachable when any provider of the chain is; the detail names each.
+    async fn probe(&self) -> Result<String, String> {
+        let (mut ok, mut details) = (false, Vec::new());
+        for provider in &self.providers {
+            let answer = provider.probe().await;
+            ok |= answer.is_ok();
+            details.push(format!("{}:{}: {}", provider.name(), provider.model(), answer.unwrap_or_else(|e| e)));
+        }
+        let detail = details.join("; ");
+        if ok { Ok(detail) } else { Err(detail) }
+    }
 }
 
 impl FallbackChain {
@@ -66,14 +78,16 @@ impl FallbackChain {
         mut on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
     ) -> Result<Completion, LlmError> {
         let mut last = LlmError::Config("no LLM provider configured; pass --llm provider:model".into());
-        for provider in self.order(request) {
+        let order = self.order(request);
+        let count = order.len();
+        for (i, provider) in order.into_iter().enumerate() {
             let result = match on_text.as_deref_mut() {
                 Some(on_text) => crate::generate_traced(provider, request, Some(on_text)).await,
                 None => crate::generate_traced(provider, request, None).await,
             };
             match result {
                 Ok(c) => return Ok(c),
-                Err(e) if e.should_fall_back() => {
+                Err(e) if e.should_fall_back() && i + 1 < count => {
                     tracing::warn!(provider = provider.name(), model = provider.model(), error = %e, "LLM provider failed; trying the next");
                     last = e;
                 }
@@ -82,6 +96,27 @@ impl FallbackChain {
         }
         Err(last)
     }
+}
+
+/// Every provider name `--llm` accepts.
+pub const PROVIDER_NAMES: &str = "openai, openai-compatible, anthropic, gemini, google, ollama, vllm, llamacpp, replay";
+
+/// A hosted provider's public endpoint needs a key: say which variable is
+/// missing at start-up, not a DNS or 401 failure at the first request.
+fn require_key(
+    spec: &str,
+    base_url: &str,
+    public: &str,
+    key: Option<&String>,
+    variables: &str,
+) -> Result<(), LlmError> {
+    if key.is_none() && base_url.trim_end_matches('/') == public {
+        return Err(LlmError::Config(format!(
+            "`{spec}` uses {public}, which needs an API key: no {variables} is set. Set it, or point \
+             --llm-base-url at a server that needs none (e.g. a local OpenAI-compatible server)"
+        )));
+    }
+    Ok(())
 }
 
 /// How to reach the providers named in `--llm`.
@@ -116,9 +151,7 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
     let mut providers: Vec<Box<dyn LlmProvider>> = Vec::new();
     for entry in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (kind, rest) = entry.split_once(':').ok_or_else(|| {
-            LlmError::Config(format!(
-                "`{entry}` must have the form provider:model (openai, anthropic, gemini, ollama, vllm, llamacpp, replay)"
-            ))
+            LlmError::Config(format!("`{entry}` must have the form provider:model ({PROVIDER_NAMES})"))
         })?;
         let base = |var: &str, default: &str| {
             options.base_url.clone().or_else(|| env(var)).unwrap_or_else(|| default.to_owned())
@@ -131,6 +164,7 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                 };
                 let mut config = OpenAiConfig::new(url, rest);
                 config.api_key = env("OPENAI_API_KEY");
+                require_key(entry, &config.base_url, OPENAI_BASE_URL, config.api_key.as_ref(), "OPENAI_API_KEY")?;
                 config.structured = structured;
                 config.family = if kind == "openai" && config.base_url == OPENAI_BASE_URL {
                     Family::OpenAi
@@ -143,20 +177,28 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
             "anthropic" => {
                 let mut config = AnthropicConfig::new(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL), rest);
                 config.api_key = env("ANTHROPIC_API_KEY");
+                require_key(entry, &config.base_url, ANTHROPIC_BASE_URL, config.api_key.as_ref(), "ANTHROPIC_API_KEY")?;
                 config.http = options.http.clone();
                 providers.push(Box::new(Anthropic::new(config)?));
             }
             "gemini" | "google" => {
                 let mut config = GeminiConfig::new(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL), rest);
                 config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY"));
+                require_key(
+                    entry,
+                    &config.base_url,
+                    GEMINI_BASE_URL,
+                    config.api_key.as_ref(),
+                    "GEMINI_API_KEY (or GOOGLE_API_KEY)",
+                )?;
                 config.http = options.http.clone();
                 providers.push(Box::new(Gemini::new(config)?));
             }
             "replay" => providers.push(Box::new(ReplayProvider::from_file(Path::new(rest))?)),
             other => {
                 return Err(LlmError::Config(format!(
-                    "unknown LLM provider `{other}`; available: openai, anthropic, gemini, ollama, vllm, llamacpp \
-                     (any OpenAI-compatible server with --llm-base-url), replay"
+                    "unknown LLM provider `{other}`; available: {PROVIDER_NAMES} \
+                     (openai-compatible, ollama, vllm and llamacpp: any OpenAI-compatible server with --llm-base-url)"
                 )));
             }
         }

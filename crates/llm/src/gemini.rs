@@ -347,6 +347,11 @@ impl LlmProvider for Gemini {
         "gemini"
     }
 
+    async fn probe(&self) -> Result<String, String> {
+        let url = format!("{}/v1beta/models", self.base_url);
+        self.http.probe(&url, &self.headers).await
+    }
+
     fn model(&self) -> &str {
         &self.model
     }

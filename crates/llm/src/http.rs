@@ -60,6 +60,9 @@ impl Failure {
     }
 }
 
+/// Longest wait for a readiness probe's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Words in an error body that say the server disliked the structured-output
 /// part of the request rather than the request as a whole.
 const MODE_WORDS: [&str; 5] = ["response_format", "json_schema", "tool_choice", "tools", "schema"];
@@ -133,6 +136,22 @@ impl Http {
             408 | 429 | 500..=599 => Failure::Transient { message: format!("HTTP {status}: {snippet}"), retry_after },
             _ => Failure::Fatal(LlmError::BadRequest { status, body: snippet }),
         })
+    }
+
+    /// One GET of `url` (a model list) to see whether the server answers and
+    /// takes the key: any answer but 401/403 counts as reachable.
+    pub(crate) async fn probe(&self, url: &str, headers: &[(&'static str, String)]) -> Result<String, String> {
+        let mut get = self.client.get(url).timeout(PROBE_TIMEOUT);
+        for (name, value) in headers {
+            get = get.header(*name, value);
+        }
+        match get.send().await {
+            Ok(response) => match response.status().as_u16() {
+                status @ (401 | 403) => Err(format!("{url} refused the API key (HTTP {status})")),
+                status => Ok(format!("{url} answers (HTTP {status})")),
+            },
+            Err(e) => Err(format!("{url} unreachable: {}", error_chain(&e))),
+        }
     }
 
     /// Retries `op` on transient failures with the policy's backoff.

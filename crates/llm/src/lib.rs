@@ -313,6 +313,13 @@ pub trait LlmProvider: Send + Sync {
         self.generate(request, Some(on_text)).await
     }
 
+    /// Whether the provider's server can be reached now, without spending a
+    /// token: `Ok(what it answered)` or `Err(why not)`. Used by readiness
+    /// checks; the default (a provider with no server) always answers.
+    async fn probe(&self) -> Result<String, String> {
+        Ok("no server to reach".into())
+    }
+
     /// Whether this provider can serve the model `name` (a name or an alias),
     /// so a fallback chain can try first the providers that serve a preference.
     fn accepts_model(&self, name: &str) -> bool {

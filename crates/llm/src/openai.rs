@@ -362,6 +362,11 @@ impl LlmProvider for OpenAiCompatible {
         "openai"
     }
 
+    async fn probe(&self) -> Result<String, String> {
+        let url = format!("{}/models", self.config.base_url.trim_end_matches('/'));
+        self.http.probe(&url, &self.headers).await
+    }
+
     fn model(&self) -> &str {
         &self.config.model
     }

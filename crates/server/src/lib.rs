@@ -25,6 +25,45 @@ use tokio::net::TcpListener;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 
+/// Reads a list setting given either as a list (`["a", "b"]`, TOML or
+/// JSON) or as one comma-separated string (`a,b`), as environment variables
+/// are most easily written: `AGENTMESH_PLANNER__SELF_AGENT_IDS=me,other`.
+/// Use with `#[serde(deserialize_with = "agentmesh_server::list_or_commas")]`.
+pub fn list_or_commas<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct ListOrCommas;
+
+    impl<'de> serde::de::Visitor<'de> for ListOrCommas {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of strings or one comma-separated string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+        }
+
+        // An environment value such as `42` arrives as a number.
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            Ok(vec![n.to_string()])
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            Ok(vec![n.to_string()])
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<String>()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    deserializer.deserialize_any(ListOrCommas)
+}
+
 /// Query parameters that carry a secret: libpq's passwords, and the API
 /// keys and tokens some services take in the URL.
 const SECRET_PARAMETERS: [&str; 9] =

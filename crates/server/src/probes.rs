@@ -2,6 +2,11 @@
 //! checks each one on an interval and mirrors the result into
 //! `grpc.health.v1` and `/readyz`; `/healthz` (liveness) and `/metrics`
 //! (Prometheus text) sit beside them.
+//!
+//! A dependency is required (readiness follows it) or advisory (reported
+//! in `/readyz` with `"required": false`, and in `grpc.health.v1` under its
+//! own name, without taking the service out of rotation): a hosted LLM's
+//! outage would otherwise empty every replica at once.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -31,11 +36,13 @@ pub struct Check {
     pub ok: bool,
     /// What it answered, or why it did not.
     pub detail: String,
+    /// Whether readiness follows it.
+    pub required: bool,
 }
 
 impl Check {
-    fn pending() -> Self {
-        Self { ok: false, detail: "not checked yet".into() }
+    fn pending(required: bool) -> Self {
+        Self { ok: false, detail: "not checked yet".into(), required }
     }
 }
 
@@ -45,9 +52,9 @@ impl Check {
 pub struct Readiness(pub BTreeMap<&'static str, Check>);
 
 impl Readiness {
-    /// Whether every dependency answered.
+    /// Whether every required dependency answered.
     pub fn ready(&self) -> bool {
-        self.0.values().all(|c| c.ok)
+        self.0.values().all(|c| c.ok || !c.required)
     }
 
     /// One dependency's last result.
@@ -62,6 +69,9 @@ type Probe = Box<dyn Fn() -> BoxFuture<'static, Result<String, String>> + Send +
 pub struct Dependency {
     name: &'static str,
     probe: Probe,
+    required: bool,
+    min_interval: Duration,
+    last: std::sync::Mutex<Option<(tokio::time::Instant, Check)>>,
 }
 
 impl Dependency {
@@ -71,21 +81,47 @@ impl Dependency {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<String, String>> + Send + 'static,
     {
-        Self { name, probe: Box::new(move || Box::pin(probe())) }
+        Self {
+            name,
+            probe: Box::new(move || Box::pin(probe())),
+            required: true,
+            min_interval: Duration::ZERO,
+            last: std::sync::Mutex::new(None),
+        }
     }
 
-    /// A gRPC peer, checked through its `grpc.health.v1` service. Any answer
-    /// counts as reachable (a peer reporting `NOT_SERVING` still answers
-    /// from what it holds); the detail says what it reported.
-    pub fn grpc(name: &'static str, channel: Channel) -> Self {
+    /// Reported, but readiness does not follow it; its gRPC health is
+    /// published under the dependency's name.
+    pub fn advisory(mut self) -> Self {
+        self.required = false;
+        self
+    }
+
+    /// Checked at most once per `interval` (a hosted API that rate-limits),
+    /// the last result reported in between.
+    pub fn at_most_every(mut self, interval: Duration) -> Self {
+        self.min_interval = interval;
+        self
+    }
+
+    /// A gRPC peer that must serve `service` (e.g.
+    /// `agentmesh.v1.DiscoveryService`), checked through its
+    /// `grpc.health.v1` service for that name. Any answer counts as
+    /// reachable (a peer reporting `NOT_SERVING` still answers from what it
+    /// holds); the detail says what it reported. A peer that answers but does
+    /// not know the service (another agentmesh port given by mistake) is not.
+    pub fn grpc(name: &'static str, service: &'static str, channel: Channel) -> Self {
         Self::new(name, move || {
             let mut client = HealthClient::new(channel.clone());
             async move {
-                match client.check(HealthCheckRequest { service: String::new() }).await {
+                match client.check(HealthCheckRequest { service: service.to_owned() }).await {
                     Ok(answer) => {
                         let status =
                             ServingStatusPb::try_from(answer.into_inner().status).unwrap_or(ServingStatusPb::Unknown);
                         Ok(format!("reachable; reports {}", status.as_str_name()))
+                    }
+                    Err(status) if status.code() == tonic::Code::NotFound => {
+                        Err(format!("the peer answers but does not serve {service}: is this the {name} address?"))
                     }
                     Err(status) => Err(format!("unreachable: {}", status.message())),
                 }
@@ -148,7 +184,10 @@ impl HealthChecker {
     pub async fn spawn(self, mut stop: watch::Receiver<bool>) -> watch::Receiver<Readiness> {
         self.reporter.set_service_status(self.service, ServingStatus::NotServing).await;
         self.reporter.set_service_status("", ServingStatus::NotServing).await;
-        let pending = Readiness(self.dependencies.iter().map(|d| (d.name, Check::pending())).collect());
+        for advisory in self.dependencies.iter().filter(|d| !d.required) {
+            self.reporter.set_service_status(advisory.name, ServingStatus::NotServing).await;
+        }
+        let pending = Readiness(self.dependencies.iter().map(|d| (d.name, Check::pending(d.required))).collect());
         let (tx, rx) = watch::channel(pending);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(self.interval);
@@ -164,6 +203,11 @@ impl HealthChecker {
                 let status = if now.ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
                 self.reporter.set_service_status(self.service, status).await;
                 self.reporter.set_service_status("", status).await;
+                for advisory in self.dependencies.iter().filter(|d| !d.required) {
+                    let ok = now.get(advisory.name).is_some_and(|c| c.ok);
+                    let status = if ok { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    self.reporter.set_service_status(advisory.name, status).await;
+                }
                 tx.send_replace(now);
             }
         });
@@ -171,11 +215,25 @@ impl HealthChecker {
     }
 
     async fn check(&self, dependency: &Dependency) -> Check {
-        match tokio::time::timeout(self.timeout, (dependency.probe)()).await {
-            Ok(Ok(detail)) => Check { ok: true, detail },
-            Ok(Err(detail)) => Check { ok: false, detail },
-            Err(_) => Check { ok: false, detail: format!("no answer within {} ms", self.timeout.as_millis()) },
+        let now = tokio::time::Instant::now();
+        if let Ok(last) = dependency.last.lock()
+            && let Some((at, check)) = last.as_ref()
+            && now.duration_since(*at) < dependency.min_interval
+        {
+            return check.clone();
         }
+        let required = dependency.required;
+        let check = match tokio::time::timeout(self.timeout, (dependency.probe)()).await {
+            Ok(Ok(detail)) => Check { ok: true, detail, required },
+            Ok(Err(detail)) => Check { ok: false, detail, required },
+            Err(_) => {
+                Check { ok: false, detail: format!("no answer within {} ms", self.timeout.as_millis()), required }
+            }
+        };
+        if let Ok(mut last) = dependency.last.lock() {
+            *last = Some((now, check.clone()));
+        }
+        check
     }
 }
 

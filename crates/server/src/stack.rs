@@ -98,7 +98,8 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// [`crate::grpc::not_found`] for every other path. Outermost first:
 ///
 /// 1. request ids (`x-request-id`: the client's when acceptable, else a new
-///    one; echoed on the response);
+///    one; echoed on the response), and an INFO log line for every request
+///    refused as the client's fault ([`log_rejections`]);
 /// 2. traces: a server span per request, continuing the caller's trace
 ///    (only while traces are exported);
 /// 3. a deadline: the configured timeout or the client's `grpc-timeout`,
@@ -122,14 +123,104 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
         .layer(middleware::from_fn_with_state(limits.request_timeout, deadline));
     let app =
         if agentmesh_telemetry::exporting() { app.layer(agentmesh_telemetry::rpc::ServerTraceLayer) } else { app };
-    app.layer(PropagateRequestIdLayer::x_request_id()).layer(SetRequestIdLayer::x_request_id(NewRequestId)).layer(
-        MapRequestLayer::new(|mut request: Request| {
+    app.layer(middleware::from_fn(log_rejections))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(NewRequestId))
+        .layer(MapRequestLayer::new(|mut request: Request| {
             if request.headers().get(REQUEST_ID_HEADER).is_some_and(|v| !acceptable_request_id(v)) {
                 request.headers_mut().remove(REQUEST_ID_HEADER);
             }
             request
-        }),
+        }))
+}
+
+/// Most refused requests logged per second; the rest are counted and the
+/// count is logged with the next one let through.
+const REJECTIONS_LOGGED_PER_SECOND: u32 = 20;
+
+/// The gRPC codes that mean the caller sent something the service refused.
+fn client_fault(code: tonic::Code) -> bool {
+    use tonic::Code;
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::ResourceExhausted
     )
+}
+
+/// Whether to log one more refused request now; with the number left
+/// unlogged since the last one that was.
+fn rejection_budget() -> Option<u64> {
+    static WINDOW: std::sync::Mutex<(u64, u32, u64)> = std::sync::Mutex::new((0, 0, 0));
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut window = WINDOW.lock().ok()?;
+    let (at, logged, skipped) = &mut *window;
+    if *at != second {
+        (*at, *logged) = (second, 0);
+    }
+    if *logged >= REJECTIONS_LOGGED_PER_SECOND {
+        *skipped += 1;
+        return None;
+    }
+    *logged += 1;
+    Some(std::mem::take(skipped))
+}
+
+/// Logs at INFO every request refused as the client's fault (a REST `4xx`,
+/// a gRPC status such as `INVALID_ARGUMENT` or `NOT_FOUND`), with its
+/// request id, so that an id quoted in a report can be found in the logs.
+/// At most [`REJECTIONS_LOGGED_PER_SECOND`] a second. A streaming call that
+/// fails after it started answering reports its status in trailers, which
+/// this does not see; the services log those themselves.
+async fn log_rejections(request: Request, next: Next) -> Response {
+    let request_id = request_id_of(request.headers()).unwrap_or_default();
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let response = next.run(request).await;
+    let status = response.status();
+    if is_grpc(response.headers()) {
+        let Some(grpc) = tonic::Status::from_header_map(response.headers()) else { return response };
+        if client_fault(grpc.code())
+            && let Some(skipped) = rejection_budget()
+        {
+            tracing::info!(request_id, rpc = %path, code = ?grpc.code(), reason = grpc.message(), skipped,
+                "request refused");
+        }
+        return response;
+    }
+    if !status.is_client_error() {
+        return response;
+    }
+    let Some(skipped) = rejection_budget() else { return response };
+    // The error body, when it is a small JSON document, for its code and
+    // message; anything else passes untouched.
+    let (parts, body) = response.into_parts();
+    let small_json =
+        parts.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+            && axum::body::HttpBody::size_hint(&body).upper().is_some_and(|n| n <= 64 * 1024);
+    let (body, parsed) = if small_json {
+        let bytes = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+        let parsed: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (axum::body::Body::from(bytes), parsed)
+    } else {
+        (body, Value::Null)
+    };
+    tracing::info!(
+        request_id,
+        method = %method,
+        path,
+        status = status.as_u16(),
+        error = parsed["error"].as_str().unwrap_or_default(),
+        reason = parsed["message"].as_str().unwrap_or_default(),
+        skipped,
+        "request refused"
+    );
+    Response::from_parts(parts, body)
 }
 
 /// `grpc-timeout` (`<up to 8 digits><H|M|S|m|u|n>`) as a duration.

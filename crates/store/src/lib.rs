@@ -32,9 +32,13 @@ pub const NOTIFY_CHANNEL: &str = "agentmesh_catalog";
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database failed or could not be reached.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    /// The database failed or could not be reached. Shown as one line: the
+    /// error is not also given as a source, which would repeat it.
+    #[error("database error: {}", describe(.0))]
+    Database(sqlx::Error),
+    /// The database could not be opened; the message says why and what to do.
+    #[error("{0}")]
+    Connect(String),
     /// A stored row could not be decoded.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
@@ -42,6 +46,28 @@ pub enum StoreError {
     /// the URL, which may hold a password).
     #[error("unsupported database url scheme `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
     UnsupportedUrl(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+/// One line describing a database error: the database's own message without
+/// the server's source line, the I/O error without its wrappers.
+pub fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_owned(),
+        },
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::PoolTimedOut => {
+            "no database connection became free in time (the database is slow or unreachable)".into()
+        }
+        other => other.to_string(),
+    }
 }
 
 impl StoreError {

@@ -1,20 +1,21 @@
 //! PostgreSQL store. Every write sends `pg_notify` in its own transaction,
 //! so each replica listening on the channel learns of it once it commits.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use agentmesh_core::{AgentDefinition, AgentRecord, ReportedStatus};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder, Row};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection, Postgres, QueryBuilder, Row};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::interactions::{InteractionLog, InteractionRecord, Retention};
 use crate::migrate::{CREATE_MIGRATIONS_TABLE, MIGRATIONS};
 use crate::rows::{CAPABILITY_COLUMNS, capability_rows, collect_agents, decode_agents, select_agents, to_json};
-use crate::{AgentStore, CatalogChange, Loaded, NOTIFY_CHANNEL, Registered, StoreResult};
+use crate::{AgentStore, CatalogChange, Loaded, NOTIFY_CHANNEL, Registered, StoreError, StoreResult};
 
 /// Agent registry on PostgreSQL.
 pub struct PostgresStore {
@@ -49,9 +50,51 @@ impl PostgresStore {
     }
 }
 
+/// How long opening the first connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A pool of connections to the database a `postgres://` URL names.
+///
+/// One connection is made directly first: a pool retries a refused
+/// connection until its timeout and then reports only that it timed out,
+/// where the user needs "connection refused" or "database does not exist".
 async fn pool(url: &str) -> StoreResult<PgPool> {
-    Ok(PgPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect(url).await?)
+    let options = PgConnectOptions::from_str(url)?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+        Ok(Err(e)) => return Err(StoreError::Connect(connect_failure(&options, &e))),
+        Err(_) => {
+            return Err(StoreError::Connect(format!(
+                "PostgreSQL at {}:{} did not answer within {} s",
+                options.get_host(),
+                options.get_port(),
+                CONNECT_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    Ok(PgPoolOptions::new().max_connections(16).acquire_timeout(CONNECT_TIMEOUT).connect_with(options).await?)
+}
+
+/// Why the first connection failed, in one line, with what to do.
+fn connect_failure(options: &PgConnectOptions, e: &sqlx::Error) -> String {
+    let (host, port) = (options.get_host(), options.get_port());
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    match e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("3D000") => format!(
+            "PostgreSQL at {host}:{port} has no database \"{database}\"; create it with: createdb -h {host} -p {port} -U {user} {database}"
+        ),
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("28P01" | "28000")) => format!(
+            "PostgreSQL at {host}:{port} refused user \"{user}\": {}; check the user and password in the database URL",
+            db.message()
+        ),
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
+            "nothing accepts connections at {host}:{port} (connection refused); is PostgreSQL running there, and is the port right?"
+        ),
+        other => format!("cannot connect to PostgreSQL at {host}:{port}: {}", crate::describe(other)),
+    }
 }
 
 /// A pool of connections to the database a `postgres://` URL names, with

@@ -152,6 +152,31 @@ async fn unsupported_urls_are_rejected_with_guidance() {
     assert!(err.contains("sqlite://") && err.contains("postgres://"), "{err}");
 }
 
+/// Each way of failing to reach PostgreSQL is one line saying what is wrong
+/// and what to do, not the pool's "timed out" or the server's source line.
+#[tokio::test]
+async fn postgres_connection_failures_say_what_to_do() {
+    let Some(db) = TestDatabase::postgres().await else { return };
+    let missing = agentmesh_testkit::replace_database(&db.url, "agentmesh_no_such_database");
+    let err = connect(&missing).await.err().map(|e| format!("{:#}", anyhow::Error::from(e))).unwrap_or_default();
+    assert!(err.contains("no database \"agentmesh_no_such_database\""), "{err}");
+    assert!(err.contains("createdb"), "says how to create it: {err}");
+    assert!(!err.contains("at line"), "no server source line: {err}");
+    assert_eq!(err.matches("agentmesh_no_such_database\"").count(), 1, "said once: {err}");
+
+    // A port nothing listens on: refused at once, and said so.
+    let closed = agentmesh_testkit::bind_local().await.unwrap_or_else(|e| panic!("{e}"));
+    let port = closed.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+    drop(closed);
+    let err = connect(&format!("postgres://postgres@127.0.0.1:{port}/x"))
+        .await
+        .err()
+        .map(|e| format!("{:#}", anyhow::Error::from(e)))
+        .unwrap_or_default();
+    assert!(err.contains("connection refused") && err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("timed out"), "{err}");
+}
+
 async fn interaction_log(backend: Backend) {
     use agentmesh_store::{InteractionRecord, Retention, connect_interaction_log};
     let Some(db) = TestDatabase::new(backend).await else { return };

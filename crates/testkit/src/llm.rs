@@ -230,7 +230,19 @@ impl Drop for ScriptedLlmServer {
     }
 }
 
-async fn answer(State(script): State<Arc<Mutex<Script>>>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn answer(
+    State(script): State<Arc<Mutex<Script>>>,
+    method: axum::http::Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    // A model list, as the services' readiness probes ask for: answered as
+    // a model server would, neither recorded nor taken from the script.
+    if method == axum::http::Method::GET && uri.path().ends_with("/models") {
+        return axum::Json(json!({"object": "list", "data": [{"id": "scripted-model", "object": "model"}]}))
+            .into_response();
+    }
     let Ok(mut script) = script.lock() else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };

@@ -59,7 +59,7 @@ fn summarize(errors: &[FieldError]) -> String {
 impl From<StoreError> for DiscoveryError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Database(e) => Self::Unavailable(e.to_string()),
+            StoreError::Database(e) => Self::Unavailable(agentmesh_store::describe(&e)),
             other => Self::Internal(other.to_string()),
         }
     }

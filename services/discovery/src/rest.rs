@@ -190,6 +190,23 @@ fn require_object(body: &[u8]) -> Result<(), DiscoveryError> {
     }
 }
 
+/// Reads and validates a registration document exactly as
+/// `POST /api/v1/agents` does: a JSON object, every field of the right
+/// type (the first wrong one named by its path), then every rule checked
+/// at once. The CLI's `agents register` uses it too.
+pub fn parse_registration(body: &[u8]) -> Result<AgentDefinition, DiscoveryError> {
+    let definition = parse_document(body)?;
+    agentmesh_core::validate_definition(&definition).map_err(DiscoveryError::Validation)?;
+    Ok(definition)
+}
+
+/// A registration document read, not yet validated (the registry validates
+/// and counts what it refuses).
+fn parse_document(body: &[u8]) -> Result<AgentDefinition, DiscoveryError> {
+    require_object(body)?;
+    parse_body(body)
+}
+
 async fn register(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
@@ -197,9 +214,7 @@ async fn register(
 ) -> Response {
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
-        require_object(&body)?;
-        let definition: AgentDefinition = parse_body(&body)?;
-        state.registry.register(definition).await
+        state.registry.register(parse_document(&body)?).await
     }
     .await;
     match result {
@@ -231,8 +246,16 @@ async fn get_agent(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct HeartbeatBody {
-    #[serde(default)]
-    status: Option<ReportedStatus>,
+    /// Absent: `active`. Present: what the agent reports; `null` is refused
+    /// rather than guessed at (it is neither a status nor "no change").
+    #[serde(default, deserialize_with = "present")]
+    status: Option<Option<ReportedStatus>>,
+}
+
+/// A field that is present, even as `null` (`Some(None)`), as opposed to
+/// absent (`None`, through `default`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 async fn heartbeat(
@@ -249,7 +272,18 @@ async fn heartbeat(
         let body = body_or_error(body, state.max_body_bytes)?;
         let parsed: HeartbeatBody =
             if body.iter().all(u8::is_ascii_whitespace) { HeartbeatBody::default() } else { parse_body(&body)? };
-        state.registry.heartbeat(&id, parsed.status.unwrap_or_default()).await
+        let status = match parsed.status {
+            None => ReportedStatus::default(),
+            Some(Some(status)) => status,
+            Some(None) => {
+                return Err(DiscoveryError::invalid(
+                    "status",
+                    "null",
+                    "status must be \"active\" or \"degraded\"; leave it out to report active",
+                ));
+            }
+        };
+        state.registry.heartbeat(&id, status).await
     }
     .await;
     match result {

@@ -50,3 +50,22 @@ async fn bad_paths_and_bodies_get_the_json_error_body() {
     let (status, _, _) = send(&ctx, reqwest::Method::GET, "/api/v1/agents/weather", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the array was not registered as agent `weather`");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_with_a_null_status_is_refused_naming_the_field() {
+    let Some(ctx) = Ctx::start(Backend::Sqlite).await else { return };
+    ctx.register(&serde_json::json!({"id": "beating", "base_url": "http://b:1"})).await;
+    let (status, _, body) =
+        send(&ctx, reqwest::Method::POST, "/api/v1/agents/beating/heartbeat", Some("{\"status\": null}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        (body["error"].as_str(), body["details"]["parameter"].as_str()),
+        (Some("invalid_parameter"), Some("status"))
+    );
+    assert!(body["message"].as_str().unwrap().contains("leave it out to report active"), "{body}");
+    for accepted in ["", "{}", "{\"status\": \"degraded\"}"] {
+        let (status, _, body) =
+            send(&ctx, reqwest::Method::POST, "/api/v1/agents/beating/heartbeat", Some(accepted)).await;
+        assert_eq!(status, StatusCode::OK, "{accepted}: {body}");
+    }
+}

@@ -43,7 +43,7 @@ pub enum ExecutorError {
 impl From<agentmesh_store::StoreError> for ExecutorError {
     fn from(e: agentmesh_store::StoreError) -> Self {
         match e {
-            agentmesh_store::StoreError::Database(e) => Self::Unavailable(e.to_string()),
+            agentmesh_store::StoreError::Database(e) => Self::Unavailable(agentmesh_store::describe(&e)),
             other => Self::Internal(other.to_string()),
         }
     }

@@ -84,8 +84,10 @@ pub struct ExecutorConfig {
     pub retention_hours: u64,
     /// Networks agents may not be called in (CIDR): metadata services and
     /// link-local addresses by default.
+    #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub egress_deny: Vec<String>,
     /// Networks allowed even when denied above.
+    #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub egress_allow: Vec<String>,
     /// Seconds a unary call may take (streams run as long as their execution).
     pub request_timeout_secs: f64,
@@ -310,7 +312,11 @@ pub async fn serve_with_listener(
                 let store = pinged.clone();
                 async move { store.ping().await }
             }),
-            Dependency::grpc("discovery", discovery_channel),
+            Dependency::grpc(
+                "discovery",
+                agentmesh_proto::v1::discovery_service_server::SERVICE_NAME,
+                discovery_channel,
+            ),
         ],
     )
     .spawn(stop_rx.clone())

@@ -206,9 +206,9 @@ pub async fn serve_with_listener(
         interval,
         health_reporter,
         vec![
-            Dependency::grpc("planner", planner),
-            Dependency::grpc("executor", executor),
-            Dependency::grpc("synthesis", synthesis),
+            Dependency::grpc("planner", agentmesh_proto::v1::planner_service_server::SERVICE_NAME, planner),
+            Dependency::grpc("executor", agentmesh_proto::v1::executor_service_server::SERVICE_NAME, executor),
+            Dependency::grpc("synthesis", agentmesh_proto::v1::synthesis_service_server::SERVICE_NAME, synthesis),
             Dependency::ping("store", move || {
                 let log = pinged.clone();
                 async move { log.ping().await }

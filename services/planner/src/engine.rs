@@ -145,8 +145,15 @@ pub struct PlanOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanningError {
     /// The LLM could not be called.
-    #[error("the planning LLM failed: {0}")]
-    Llm(#[from] LlmError),
+    #[error("the planning LLM failed: {error}")]
+    Llm {
+        /// What the provider answered.
+        error: LlmError,
+        /// Calls made until then, the failed one last (with its error).
+        interactions: Vec<Interaction>,
+        /// Counters until then.
+        stats: PlanStats,
+    },
     /// The model kept naming agents or capabilities that were not offered.
     #[error(
         "the model kept planning with {invented} that {verb} not available; available: {allowed}. \
@@ -257,6 +264,13 @@ impl Run<'_> {
     }
 }
 
+impl From<LlmError> for PlanningError {
+    /// An LLM failure; the planner adds the calls made until then.
+    fn from(error: LlmError) -> Self {
+        Self::Llm { error, interactions: Vec::new(), stats: PlanStats::default() }
+    }
+}
+
 impl Planner {
     /// A planner with these settings.
     pub fn new(settings: PlannerSettings) -> Self {
@@ -298,7 +312,7 @@ impl Planner {
         {
             Ok(completion) => selection(&completion),
             Err(e @ (LlmError::Auth { .. } | LlmError::Config(_) | LlmError::Unavailable { .. })) => {
-                return Err(PlanningError::Llm(e));
+                return Err(e.into());
             }
             Err(e) => Err(e.to_string()),
         };
@@ -371,15 +385,42 @@ impl Planner {
             stats: PlanStats { catalog_size: catalog.len(), ..Default::default() },
             interactions: Vec::new(),
         };
+        match self.plan_in(&mut run, query, catalog, first_kind).await {
+            // The calls made until the provider failed, the failed one with
+            // its error, stay with the error so they can be logged.
+            Err(PlanningError::Llm { error, .. }) => Err(PlanningError::Llm {
+                error,
+                interactions: std::mem::take(&mut run.interactions),
+                stats: std::mem::take(&mut run.stats),
+            }),
+            other => other,
+        }
+    }
+
+    async fn plan_in(
+        &self,
+        run: &mut Run<'_>,
+        query: &str,
+        catalog: &[AllowedCapability],
+        first_kind: InteractionKind,
+    ) -> Result<PlanOutcome, PlanningError> {
         if catalog.is_empty() {
             let plan = Plan { reasoning: "no capability is available to plan with".into(), steps: Vec::new() };
-            return Ok(PlanOutcome { plan, stats: run.stats, interactions: run.interactions });
+            return Ok(PlanOutcome {
+                plan,
+                stats: std::mem::take(&mut run.stats),
+                interactions: std::mem::take(&mut run.interactions),
+            });
         }
-        let mut allowed = self.preselect(&mut run, query, catalog).await?;
+        let mut allowed = self.preselect(run, query, catalog).await?;
         if allowed.is_empty() {
             let plan =
                 Plan { reasoning: "none of the available capabilities fits this request".into(), steps: Vec::new() };
-            return Ok(PlanOutcome { plan, stats: run.stats, interactions: run.interactions });
+            return Ok(PlanOutcome {
+                plan,
+                stats: std::mem::take(&mut run.stats),
+                interactions: std::mem::take(&mut run.interactions),
+            });
         }
         let (mut parse_left, mut hallucination_left, mut validation_left) =
             (self.settings.parse_retries, self.settings.hallucination_retries, self.settings.validation_retries);
@@ -437,8 +478,8 @@ impl Planner {
                     return Err(PlanningError::Exhausted {
                         attempts,
                         problems,
-                        interactions: run.interactions,
-                        stats: run.stats,
+                        interactions: std::mem::take(&mut run.interactions),
+                        stats: std::mem::take(&mut run.stats),
                     });
                 }
             };
@@ -478,7 +519,11 @@ impl Planner {
                             "llm.hallucination_recovered"
                         );
                     }
-                    return Ok(PlanOutcome { plan: valid, stats: run.stats, interactions: run.interactions });
+                    return Ok(PlanOutcome {
+                        plan: valid,
+                        stats: std::mem::take(&mut run.stats),
+                        interactions: std::mem::take(&mut run.interactions),
+                    });
                 }
                 Err(errors) => errors,
             };
@@ -546,8 +591,8 @@ impl Planner {
                             .map(|a| format!("{}:{}", a.agent, a.capability))
                             .collect::<Vec<_>>()
                             .join(", "),
-                        interactions: run.interactions,
-                        stats: run.stats,
+                        interactions: std::mem::take(&mut run.interactions),
+                        stats: std::mem::take(&mut run.stats),
                     });
                 }
                 hallucination_left -= 1;
@@ -561,7 +606,7 @@ impl Planner {
                     .map(|s| format!("{} {} {}", s.agent, s.capability, s.instruction))
                     .collect();
                 let hint = format!("{query} {}", tried.join(" "));
-                let reselected = self.preselect(&mut run, &hint, catalog).await?;
+                let reselected = self.preselect(run, &hint, catalog).await?;
                 if !reselected.is_empty() {
                     allowed = reselected;
                 }
@@ -575,8 +620,8 @@ impl Planner {
                 return Err(PlanningError::Exhausted {
                     attempts,
                     problems: listed.trim_end().to_owned(),
-                    interactions: run.interactions,
-                    stats: run.stats,
+                    interactions: std::mem::take(&mut run.interactions),
+                    stats: std::mem::take(&mut run.stats),
                 });
             }
             validation_left -= 1;

@@ -33,6 +33,10 @@ use tokio::sync::watch;
 /// Fully qualified gRPC name of the planner service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.PlannerService";
 
+/// How often the LLM's server is probed for `/readyz` (one model list
+/// request, no tokens): hosted APIs rate-limit even that.
+const LLM_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};
 
 /// Configuration of the planner service (`Debug` hides the passwords in
@@ -63,6 +67,7 @@ pub struct PlannerConfig {
     /// PEM file of extra trusted CAs for HTTPS to the LLM server.
     pub llm_ca_file: Option<std::path::PathBuf>,
     /// The orchestrator's own agent ids: never planned for.
+    #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub self_agent_ids: Vec<String>,
     /// Pre-selection runs above this many capabilities.
     pub preselect_threshold: usize,
@@ -236,7 +241,7 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let llm = providers::build(&config.llm, &config.provider_options())?;
+    let llm = Arc::new(providers::build(&config.llm, &config.provider_options())?);
     let log =
         agentmesh_store::connect_interaction_log(&config.database_url).await.context("opening the interaction log")?;
     let discovery_channel = tonic::transport::Endpoint::from_shared(config.discovery_url.clone())
@@ -254,7 +259,7 @@ pub async fn serve_with_listener(
     };
     let service = service::PlannerGrpc {
         planner: Planner::new(settings),
-        llm: Arc::new(llm),
+        llm: llm.clone(),
         discovery,
         log: log.clone(),
         retention: Retention {
@@ -274,11 +279,22 @@ pub async fn serve_with_listener(
         interval,
         health_reporter,
         vec![
-            Dependency::grpc("discovery", discovery_channel),
+            Dependency::grpc(
+                "discovery",
+                agentmesh_proto::v1::discovery_service_server::SERVICE_NAME,
+                discovery_channel,
+            ),
             Dependency::ping("store", move || {
                 let store = store.clone();
                 async move { store.ping().await }
             }),
+            // Reported, not required: see docs/observability.md#readiness.
+            Dependency::new("llm", move || {
+                let llm = llm.clone();
+                async move { agentmesh_llm::LlmProvider::probe(llm.as_ref()).await }
+            })
+            .advisory()
+            .at_most_every(LLM_PROBE_INTERVAL),
         ],
     )
     .spawn(stop_rx)

@@ -116,11 +116,11 @@ impl PlannerGrpc {
     async fn planning_failed(&self, request_id: &str, error: PlanningError) -> Status {
         let interactions = match &error {
             PlanningError::Hallucination { interactions, stats, .. }
-            | PlanningError::Exhausted { interactions, stats, .. } => {
+            | PlanningError::Exhausted { interactions, stats, .. }
+            | PlanningError::Llm { interactions, stats, .. } => {
                 self.metrics.observe_planning(stats, interactions);
                 interactions.clone()
             }
-            PlanningError::Llm(_) => Vec::new(),
         };
         if matches!(error, PlanningError::Hallucination { .. }) {
             self.metrics.hallucinations_unrecoverable.inc();
@@ -128,8 +128,8 @@ impl PlannerGrpc {
         self.record(request_id, &interactions).await;
         tracing::warn!(request_id, operation = "create_plan", error = %error, "no plan");
         match error {
-            PlanningError::Llm(e) if e.should_fall_back() => Status::unavailable(e.to_string()),
-            PlanningError::Llm(e) => Status::failed_precondition(e.to_string()),
+            PlanningError::Llm { error, .. } if error.should_fall_back() => Status::unavailable(error.to_string()),
+            PlanningError::Llm { error, .. } => Status::failed_precondition(error.to_string()),
             other => Status::failed_precondition(other.to_string()),
         }
     }

@@ -263,7 +263,11 @@ async fn an_auth_failure_in_pre_selection_is_reported_not_planned_around() {
     let result =
         Planner::new(PlannerSettings::default()).plan(&llm(&server), "Weather in Chicago?", &big_catalog()).await;
     match result {
-        Err(PlanningError::Llm(e)) => assert!(e.to_string().contains("credentials"), "{e}"),
+        Err(PlanningError::Llm { error, interactions, .. }) => {
+            assert!(error.to_string().contains("credentials"), "{error}");
+            assert_eq!(interactions.len(), 1, "the refused call is kept for the log");
+            assert!(interactions[0].error.as_deref().is_some_and(|e| e.contains("credentials")), "{interactions:?}");
+        }
         other => panic!("an auth failure was planned around: {other:?}"),
     }
     assert_eq!(server.requests().len(), 1, "no planning call after the credentials were refused");

@@ -274,6 +274,11 @@ async fn health_follows_discovery() {
     let (code, body) = readyz(addr).await;
     assert_eq!((code, body["status"].as_str()), (200, Some("ready")), "{body}");
     assert_eq!(body["checks"]["discovery"]["ok"], true, "{body}");
+    // Nothing listens at the LLM's address: reported, not required.
+    assert_eq!((&body["checks"]["llm"]["ok"], &body["checks"]["llm"]["required"]), (&json!(false), &json!(false)));
+    let detail = body["checks"]["llm"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("http://127.0.0.1:9/models unreachable"), "{detail}");
+    assert_eq!(grpc_status(addr, "llm").await, Some(ServingStatus::NotServing));
 
     proxy.cut();
     wait_for(addr, ServingStatus::NotServing).await;
@@ -322,5 +327,96 @@ async fn health_follows_the_interaction_store() {
 
     proxy.restore();
     wait_for(addr, ServingStatus::Serving).await;
+    planner.abort();
+}
+
+/// A planner whose `--discovery` is another agentmesh port (here another
+/// planner) is not ready, and `/readyz` says what is wrong; a model server
+/// that answers is reported as reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_is_not_discovery_is_named_as_such() {
+    captured();
+    let db = TestDatabase::sqlite();
+    let discovery =
+        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let llm = ScriptedLlmServer::start(Vec::new()).await.unwrap();
+    let config = |discovery_url: String| PlannerConfig {
+        discovery_url,
+        database_url: db.url.clone(),
+        llm: "openai:scripted-model".into(),
+        llm_base_url: Some(llm.url()),
+        health_check_interval_secs: 0.1,
+        ..Default::default()
+    };
+    let (first, first_task) = spawn_planner(config(discovery.url())).await;
+    wait_for(first, ServingStatus::Serving).await;
+    let (code, body) = readyz(first).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["checks"]["llm"]["ok"], true, "the scripted server answers: {body}");
+    assert_eq!(grpc_status(first, "llm").await, Some(ServingStatus::Serving));
+
+    let (second, second_task) = spawn_planner(config(format!("http://{first}"))).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let body = loop {
+        let (code, body) = readyz(second).await;
+        if body["checks"]["discovery"]["detail"] != "not checked yet" {
+            assert_eq!(code, 503, "{body}");
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never checked: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let detail = body["checks"]["discovery"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("does not serve agentmesh.v1.DiscoveryService"), "{detail}");
+    assert_eq!(grpc_status(second, "agentmesh.v1.PlannerService").await, Some(ServingStatus::NotServing));
+    first_task.abort();
+    second_task.abort();
+}
+
+/// With no model server, a failed plan is still followed up: the failed
+/// call is in the interaction log with its error, and with one provider
+/// the log does not speak of a next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_llm_call_is_recorded_with_its_error() {
+    captured();
+    let db = TestDatabase::sqlite();
+    let discovery =
+        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    register_weather(&discovery.url()).await;
+    let (addr, planner) = spawn_planner(PlannerConfig {
+        discovery_url: discovery.url(),
+        database_url: db.url.clone(),
+        llm: "openai:scripted-model".into(),
+        llm_base_url: Some("http://127.0.0.1:9".into()),
+        llm_retries: 0,
+        ..Default::default()
+    })
+    .await;
+    let mut client = PlannerServiceClient::connect(format!("http://{addr}")).await.unwrap();
+    let status = client
+        .create_plan(pb::CreatePlanRequest {
+            request_id: "req_no_model".into(),
+            query: "Weather in Chicago?".into(),
+            ..Default::default()
+        })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("planned without a model"));
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let recorded = client
+        .list_interactions(pb::ListInteractionsRequest { request_id: "req_no_model".into() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .interactions;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert!(recorded[0].error.contains("127.0.0.1:9"), "the error is kept: {:?}", recorded[0].error);
+    assert!(recorded[0].prompt.contains("Weather in Chicago?"), "and the prompt that was sent");
+    assert_eq!(recorded[0].provider, "openai");
+    let mentions_next = log_lines().iter().any(|line| {
+        line["fields"]["message"].as_str().is_some_and(|m| m.contains("trying the next"))
+            && line.to_string().contains("scripted-model")
+    });
+    assert!(!mentions_next, "a single provider has no next one");
     planner.abort();
 }

@@ -155,9 +155,9 @@ async fn every_answer_of_a_real_model_is_a_valid_plan_a_zero_step_plan_or_an_act
                     Ok(outcome) => outcome.interactions.as_slice(),
                     Err(
                         PlanningError::Hallucination { interactions, .. }
-                        | PlanningError::Exhausted { interactions, .. },
+                        | PlanningError::Exhausted { interactions, .. }
+                        | PlanningError::Llm { interactions, .. },
                     ) => interactions.as_slice(),
-                    Err(PlanningError::Llm(_)) => &[],
                 };
                 for i in interactions {
                     eprintln!(
@@ -210,15 +210,14 @@ async fn every_answer_of_a_real_model_is_a_valid_plan_a_zero_step_plan_or_an_act
                 Err(e) => {
                     let message = e.to_string();
                     // A model server that does not answer says nothing about planning.
-                    assert!(!matches!(e, PlanningError::Llm(_)), "{query}: the model server failed: {message}");
+                    assert!(!matches!(e, PlanningError::Llm { .. }), "{query}: the model server failed: {message}");
                     if let PlanningError::Hallucination { .. } = e {
                         assert!(message.contains("available:"), "{message}");
                     }
                     let calls = match e {
-                        PlanningError::Hallucination { stats, .. } | PlanningError::Exhausted { stats, .. } => {
-                            stats.llm_calls
-                        }
-                        PlanningError::Llm(_) => 0,
+                        PlanningError::Hallucination { stats, .. }
+                        | PlanningError::Exhausted { stats, .. }
+                        | PlanningError::Llm { stats, .. } => stats.llm_calls,
                     };
                     let short: String = message.chars().take(90).collect();
                     Row {

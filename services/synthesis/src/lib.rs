@@ -30,6 +30,10 @@ pub use engine::{SynthesisSettings, Synthesizer};
 /// Fully qualified gRPC name of the synthesis service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.SynthesisService";
 
+/// How often the LLM's server is probed for `/readyz` (one model list
+/// request, no tokens): hosted APIs rate-limit even that.
+const LLM_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Configuration of the synthesis service (`Debug` hides the passwords in
 /// its URLs).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -240,7 +244,7 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let llm = agentmesh_llm::chain::build(&config.llm, &config.provider_options())?;
+    let llm = Arc::new(agentmesh_llm::chain::build(&config.llm, &config.provider_options())?);
     let log =
         agentmesh_store::connect_interaction_log(&config.database_url).await.context("opening the interaction log")?;
     let discovery_channel = tonic::transport::Endpoint::from_shared(config.discovery_url.clone())
@@ -252,7 +256,7 @@ pub async fn serve_with_listener(
     let service = service::SynthesisGrpc {
         inner: Arc::new(service::Inner {
             synthesizer: Synthesizer::new(config.settings()),
-            llm: Arc::new(llm),
+            llm: llm.clone(),
             discovery,
             log: log.clone(),
             retention: Retention {
@@ -272,11 +276,22 @@ pub async fn serve_with_listener(
         interval,
         health_reporter,
         vec![
-            Dependency::grpc("discovery", discovery_channel),
+            Dependency::grpc(
+                "discovery",
+                agentmesh_proto::v1::discovery_service_server::SERVICE_NAME,
+                discovery_channel,
+            ),
             Dependency::ping("store", move || {
                 let store = store.clone();
                 async move { store.ping().await }
             }),
+            // Reported, not required: see docs/observability.md#readiness.
+            Dependency::new("llm", move || {
+                let llm = llm.clone();
+                async move { agentmesh_llm::LlmProvider::probe(llm.as_ref()).await }
+            })
+            .advisory()
+            .at_most_every(LLM_PROBE_INTERVAL),
         ],
     )
     .spawn(stop_rx)
