@@ -13,6 +13,7 @@ mod executions;
 mod plan;
 mod up;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -204,10 +205,12 @@ async fn main() -> std::process::ExitCode {
     };
     if cli.command.prints_config() {
         return match config::printable(&config, cli.command.sections()) {
-            Ok(text) => {
-                println!("{text}");
-                std::process::ExitCode::SUCCESS
-            }
+            // A reader that stops early (`--print-config | head`) is not an error.
+            Ok(text) => match writeln!(std::io::stdout().lock(), "{text}") {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+                Err(e) => fail(&anyhow::Error::from(e).context("printing the configuration")),
+            },
             Err(e) => fail(&e),
         };
     }

@@ -495,7 +495,8 @@ async fn errors_are_one_clear_line() {
 fn llm_settings_that_cannot_work_stop_the_start() {
     let start = |llm: &str| {
         let output = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
-            .args(["serve", "planner", "--listen", "127.0.0.1:0", "--database-url", "sqlite::memory:", "--llm", llm])
+            .args(["serve", "planner", "--listen", "127.0.0.1:0", "--database-url", "sqlite::memory:", "--llm"])
+            .args(llm.split(' '))
             .env_remove("AGENTMESH_CONFIG")
             .env_remove("AGENTMESH_PLANNER__LLM_BASE_URL")
             .env_remove("OPENAI_API_KEY")
@@ -511,6 +512,11 @@ fn llm_settings_that_cannot_work_stop_the_start() {
     assert!(err.contains("no OPENAI_API_KEY is set"), "{err}");
     let err = start("anthropic:sonnet");
     assert!(err.contains("no ANTHROPIC_API_KEY is set"), "{err}");
+    let err = start("openai:x --llm-base-url 127.0.0.1:8000/v1");
+    assert!(
+        err.contains("`127.0.0.1:8000/v1` has no http:// or https:// scheme: write http://127.0.0.1:8000/v1"),
+        "{err}"
+    );
     let err = start("mistral:large");
     for name in ["openai", "openai-compatible", "anthropic", "gemini", "ollama", "vllm", "llamacpp", "replay"] {
         assert!(err.contains(name), "{name} is listed: {err}");
@@ -655,4 +661,22 @@ async fn plan_says_what_the_model_saw_and_a_failed_plan_can_be_followed_up() {
     assert!(out.contains("== plan model=scripted") && out.contains("error: "), "the failed call is kept: {out}");
     assert!(out.contains(&nowhere.replace("/v1", "")), "its error says where it went: {out}");
     planner.abort();
+}
+
+/// `--print-config | head -1`: the reader leaving early is no error.
+#[test]
+fn printing_the_configuration_into_a_closed_pipe_is_quiet() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+        .args(["up", "--print-config"])
+        .env_remove("AGENTMESH_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child.stderr.take().map(|mut s| s.read_to_string(&mut err));
+    let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success() && !err.contains("panicked"), "{status}: {err}");
 }

@@ -119,6 +119,17 @@ fn require_key(
     Ok(())
 }
 
+/// A base URL must name its scheme: `127.0.0.1:8000/v1` would otherwise
+/// fail at the first request with an error that does not say why.
+fn with_scheme(url: String) -> Result<String, LlmError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(url);
+    }
+    // Without a scheme, anything before an `@` may be a password: left out.
+    let shown = url.rsplit_once('@').map_or(url.as_str(), |(_, host)| host);
+    Err(LlmError::Config(format!("the LLM base URL `{shown}` has no http:// or https:// scheme: write http://{shown}")))
+}
+
 /// How to reach the providers named in `--llm`.
 #[derive(Debug, Clone, Default)]
 pub struct ProviderOptions {
@@ -162,7 +173,7 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                     "ollama" => options.base_url.clone().unwrap_or_else(ollama_base),
                     _ => base("OPENAI_BASE_URL", OPENAI_BASE_URL),
                 };
-                let mut config = OpenAiConfig::new(url, rest);
+                let mut config = OpenAiConfig::new(with_scheme(url)?, rest);
                 config.api_key = env("OPENAI_API_KEY");
                 require_key(entry, &config.base_url, OPENAI_BASE_URL, config.api_key.as_ref(), "OPENAI_API_KEY")?;
                 config.structured = structured;
@@ -175,14 +186,15 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                 providers.push(Box::new(OpenAiCompatible::new(config)?));
             }
             "anthropic" => {
-                let mut config = AnthropicConfig::new(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL), rest);
+                let mut config =
+                    AnthropicConfig::new(with_scheme(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL))?, rest);
                 config.api_key = env("ANTHROPIC_API_KEY");
                 require_key(entry, &config.base_url, ANTHROPIC_BASE_URL, config.api_key.as_ref(), "ANTHROPIC_API_KEY")?;
                 config.http = options.http.clone();
                 providers.push(Box::new(Anthropic::new(config)?));
             }
             "gemini" | "google" => {
-                let mut config = GeminiConfig::new(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL), rest);
+                let mut config = GeminiConfig::new(with_scheme(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL))?, rest);
                 config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY"));
                 require_key(
                     entry,

@@ -52,7 +52,10 @@ pub fn router(
 pub async fn not_found(request: Request) -> Response {
     let path = request.uri().path().to_owned();
     if is_grpc(request.headers()) {
-        return tonic::Status::unimplemented(format!("unknown method {path}")).into_http();
+        return tonic::Status::unimplemented(format!(
+            "this port does not serve {path}; is the address the right service's?"
+        ))
+        .into_http();
     }
     let request_id = request
         .headers()

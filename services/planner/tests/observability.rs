@@ -369,6 +369,18 @@ async fn a_peer_that_is_not_discovery_is_named_as_such() {
     let detail = body["checks"]["discovery"]["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("does not serve agentmesh.v1.DiscoveryService"), "{detail}");
     assert_eq!(grpc_status(second, "agentmesh.v1.PlannerService").await, Some(ServingStatus::NotServing));
+    // A request says what went wrong too, not an empty message.
+    let mut client = PlannerServiceClient::connect(format!("http://{second}")).await.unwrap();
+    let status = client
+        .create_plan(pb::CreatePlanRequest { query: "Weather in Chicago?".into(), ..Default::default() })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("planned without discovery"));
+    assert!(
+        status.message().contains("does not serve /agentmesh.v1.DiscoveryService/ListCapabilities"),
+        "{}",
+        status.message()
+    );
     first_task.abort();
     second_task.abort();
 }
