@@ -19,6 +19,21 @@ fn strings(value: &Value) -> Vec<String> {
     value.as_sequence().map(|s| s.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default()
 }
 
+/// Compose's `${NAME:-default}` as compose reads it with `NAME` unset.
+fn interpolate(value: &str) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start..].find('}') else { break };
+        let inner = &rest[start + 2..start + end];
+        out.push_str(inner.split_once(":-").map_or("", |(_, default)| default));
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Runs `agentmesh ARGS --print-config` with `env`; returns the printed configuration.
 async fn accepted(args: &[String], env: &[(String, String)]) -> String {
     let output = tokio::process::Command::new(EXE)
@@ -51,7 +66,7 @@ async fn the_compose_file_runs_commands_the_binary_accepts() {
             .as_mapping()
             .map(|m| {
                 m.iter()
-                    .map(|(k, v)| (k.as_str().unwrap().to_owned(), v.as_str().unwrap_or_default().to_owned()))
+                    .map(|(k, v)| (k.as_str().unwrap().to_owned(), interpolate(v.as_str().unwrap_or_default())))
                     .collect()
             })
             .unwrap_or_default();
@@ -63,7 +78,7 @@ async fn the_compose_file_runs_commands_the_binary_accepts() {
         checked.push(name.to_owned());
     }
     checked.sort();
-    assert_eq!(checked, ["discovery-1", "discovery-2", "executor-1", "executor-2"]);
+    assert_eq!(checked, ["discovery-1", "discovery-2", "executor-1", "executor-2", "gateway", "planner", "synthesis"]);
     let prometheus = std::fs::read_to_string(deploy("prometheus.yml")).unwrap();
     let prometheus: Value = serde_norway::from_str(&prometheus).unwrap();
     let targets: Vec<String> = prometheus["scrape_configs"]
@@ -80,7 +95,7 @@ async fn the_compose_file_runs_commands_the_binary_accepts() {
 #[tokio::test]
 async fn the_kubernetes_manifests_run_commands_the_binary_accepts() {
     let mut containers = 0;
-    for file in ["discovery.yaml", "executor.yaml"] {
+    for file in ["discovery.yaml", "executor.yaml", "planner.yaml", "synthesis.yaml", "gateway.yaml"] {
         let text = std::fs::read_to_string(deploy(&format!("kubernetes/{file}"))).unwrap();
         for document in serde_norway::Deserializer::from_str(&text) {
             let document = Value::deserialize(document).unwrap();
@@ -100,7 +115,7 @@ async fn the_kubernetes_manifests_run_commands_the_binary_accepts() {
             }
         }
     }
-    assert_eq!(containers, 2);
+    assert_eq!(containers, 5);
 }
 
 use serde::Deserialize as _;

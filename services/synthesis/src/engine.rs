@@ -105,8 +105,24 @@ pub struct RunOutcome {
 }
 
 impl RunOutcome {
+    /// The steps that did not succeed and were not made good later: a step
+    /// whose tool (agent and capability) succeeded in a later step (a
+    /// recovery round's retry) counts as done.
     fn not_succeeded(&self) -> impl Iterator<Item = &StepOutcome> {
-        self.steps.iter().filter(|s| s.state != StepState::Succeeded)
+        self.steps
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.state != StepState::Succeeded && !self.made_good(*i))
+            .map(|(_, s)| s)
+    }
+
+    fn made_good(&self, index: usize) -> bool {
+        let failed = &self.steps[index].step;
+        self.steps[index + 1..].iter().any(|later| {
+            later.state == StepState::Succeeded
+                && later.step.agent == failed.agent
+                && later.step.capability == failed.capability
+        })
     }
 }
 
@@ -552,6 +568,23 @@ mod tests {
         let AnswerPlan::Direct(text) = s.answer(&failed, &fence) else { panic!("model asked") };
         assert!(text.contains("- s2 (clock/now) failed: HTTP 503 after 3 attempts"), "{text}");
         assert!(text.contains("- s1 (weather/get) was skipped: dependency failed"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_step_retried_successfully_is_not_listed_as_not_done() {
+        let s = Synthesizer::default();
+        let mut recovered = outcome();
+        let mut retry = recovered.steps[1].clone();
+        retry.step.step_id = "s3".into();
+        retry.state = StepState::Succeeded;
+        retry.output = Some(json!({"now": "12:00"}));
+        retry.error = String::new();
+        recovered.steps.push(retry);
+        let AnswerPlan::Model { footer, .. } = s.answer(&recovered, &Fence::with_nonce("n")) else {
+            panic!("no model")
+        };
+        assert_eq!(footer, None, "s2 was made good by s3");
+        assert!(recovered.not_succeeded().next().is_none());
     }
 
     #[test]
