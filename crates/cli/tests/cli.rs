@@ -680,3 +680,27 @@ fn printing_the_configuration_into_a_closed_pipe_is_quiet() {
     let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
     assert!(status.success() && !err.contains("panicked"), "{status}: {err}");
 }
+
+/// The start-up line naming the trace collector hides its password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_address_is_logged_without_its_password() {
+    let discovery = agentmesh_testkit::ServiceProcess::spawn(
+        std::path::Path::new(env!("CARGO_BIN_EXE_agentmesh")),
+        &[
+            "serve",
+            "discovery",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "sqlite::memory:",
+            "--otlp-endpoint",
+            "http://tracer:hunter2@127.0.0.1:9/v1/traces?token=hunter3",
+        ],
+        &[],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let logs = discovery.logs().join("\n");
+    assert!(logs.contains("http://tracer:***@127.0.0.1:9/v1/traces?token=***"), "{logs}");
+    assert!(!logs.contains("hunter"), "{logs}");
+}

@@ -22,6 +22,7 @@ use axum::Router;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
+pub use agentmesh_telemetry::redact;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use stack::{Limits, RequestId, error_body, new_request_id, stack};
 
@@ -64,11 +65,6 @@ pub fn list_or_commas<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Resu
     deserializer.deserialize_any(ListOrCommas)
 }
 
-/// Query parameters that carry a secret: libpq's passwords, and the API
-/// keys and tokens some services take in the URL.
-const SECRET_PARAMETERS: [&str; 9] =
-    ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
-
 /// Checks the settings behind [`Limits`] (before they are turned into one:
 /// a timeout that is not a finite number cannot be a `Duration`).
 pub fn check_limits(
@@ -98,38 +94,6 @@ pub fn check_service_url(name: &str, url: &str) -> anyhow::Result<()> {
     anyhow::ensure!(matches!(scheme, "http" | "https"), "{name} `{}` must start with http:// or https://", redact(url));
     anyhow::ensure!(!rest.trim_matches('/').is_empty(), "{name} `{url}` has no host");
     Ok(())
-}
-
-/// A URL with its secrets replaced by `***`, for logs and printed
-/// configuration: the user-info password, and query parameters such as
-/// `password=` or `key=` alike.
-pub fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => match base[scheme + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
-            None => base.to_owned(),
-        },
-        _ => base.to_owned(),
-    };
-    match query {
-        None => base,
-        Some(query) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if SECRET_PARAMETERS.iter().any(|s| key.eq_ignore_ascii_case(s)) => {
-                        format!("{key}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", query.join("&"))
-        }
-    }
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets

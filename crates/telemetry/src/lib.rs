@@ -121,7 +121,7 @@ pub fn init(service_name: &str, config: &TelemetryConfig) -> anyhow::Result<Tele
     CAPTURE_LLM_CONTENT.store(config.capture_llm_content, Ordering::Relaxed);
     if let Some(export) = &export {
         tracing::info!(
-            endpoint = %export.endpoint,
+            endpoint = %redact(&export.endpoint),
             protocol = export.protocol.as_str(),
             service = service_name,
             "exporting traces over OTLP"
@@ -248,4 +248,41 @@ pub fn span_event(name: &'static str, attributes: Vec<(&'static str, Attr)>) {
         })
         .collect();
     tracing::Span::current().add_event(name, attributes);
+}
+
+/// Query parameters that carry a secret: libpq's passwords, and the API
+/// keys and tokens some services take in the URL.
+const SECRET_PARAMETERS: [&str; 9] =
+    ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
+
+/// A URL with its secrets replaced by `***`, for logs and printed
+/// configuration: the user-info password, and query parameters such as
+/// `password=` or `key=` alike.
+pub fn redact(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match base[scheme + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
+            None => base.to_owned(),
+        },
+        _ => base.to_owned(),
+    };
+    match query {
+        None => base,
+        Some(query) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if SECRET_PARAMETERS.iter().any(|s| key.eq_ignore_ascii_case(s)) => {
+                        format!("{key}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+    }
 }
