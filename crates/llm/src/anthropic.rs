@@ -313,8 +313,7 @@ impl LlmProvider for Anthropic {
     }
 
     async fn probe(&self) -> Result<String, String> {
-        let url = self.endpoint.replace("/v1/messages", "/v1/models");
-        self.http.probe(&url, &self.headers).await
+        self.http.probe(&self.endpoint).await
     }
 
     fn model(&self) -> &str {

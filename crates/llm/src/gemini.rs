@@ -348,8 +348,7 @@ impl LlmProvider for Gemini {
     }
 
     async fn probe(&self) -> Result<String, String> {
-        let url = format!("{}/v1beta/models", self.base_url);
-        self.http.probe(&url, &self.headers).await
+        self.http.probe(&self.base_url).await
     }
 
     fn model(&self) -> &str {

@@ -138,19 +138,18 @@ impl Http {
         })
     }
 
-    /// One GET of `url` (a model list) to see whether the server answers and
-    /// takes the key: any answer but 401/403 counts as reachable.
-    pub(crate) async fn probe(&self, url: &str, headers: &[(&'static str, String)]) -> Result<String, String> {
-        let mut get = self.client.get(url).timeout(PROBE_TIMEOUT);
-        for (name, value) in headers {
-            get = get.header(*name, value);
-        }
-        match get.send().await {
-            Ok(response) => match response.status().as_u16() {
-                status @ (401 | 403) => Err(format!("{url} refused the API key (HTTP {status})")),
-                status => Ok(format!("{url} answers (HTTP {status})")),
-            },
-            Err(e) => Err(format!("{url} unreachable: {}", error_chain(&e))),
+    /// Whether the server behind `url` accepts connections. Only a TCP
+    /// connection is opened, no request sent: some model servers
+    /// (llama-cpp-python among them) interrupt the generation in progress
+    /// when another request arrives, even one for the model list.
+    pub(crate) async fn probe(&self, url: &str) -> Result<String, String> {
+        let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url} is not a URL: {e}"))?;
+        let host = parsed.host_str().ok_or_else(|| format!("{url} names no host"))?.to_owned();
+        let port = parsed.port_or_known_default().ok_or_else(|| format!("{url} names no port"))?;
+        match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect((host.as_str(), port))).await {
+            Ok(Ok(_)) => Ok(format!("{host}:{port} accepts connections")),
+            Ok(Err(e)) => Err(format!("{host}:{port} unreachable: {e}")),
+            Err(_) => Err(format!("{host}:{port} did not answer within {} s", PROBE_TIMEOUT.as_secs())),
         }
     }
 

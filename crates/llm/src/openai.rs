@@ -363,8 +363,7 @@ impl LlmProvider for OpenAiCompatible {
     }
 
     async fn probe(&self) -> Result<String, String> {
-        let url = format!("{}/models", self.config.base_url.trim_end_matches('/'));
-        self.http.probe(&url, &self.headers).await
+        self.http.probe(&self.config.base_url).await
     }
 
     fn model(&self) -> &str {

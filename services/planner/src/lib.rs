@@ -33,8 +33,8 @@ use tokio::sync::watch;
 /// Fully qualified gRPC name of the planner service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.PlannerService";
 
-/// How often the LLM's server is probed for `/readyz` (one model list
-/// request, no tokens): hosted APIs rate-limit even that.
+/// How often the LLM's server is probed for `/readyz` (a TCP connection,
+/// no request).
 const LLM_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 
 pub use engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlannerSettings, PlanningError};

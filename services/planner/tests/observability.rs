@@ -277,7 +277,7 @@ async fn health_follows_discovery() {
     // Nothing listens at the LLM's address: reported, not required.
     assert_eq!((&body["checks"]["llm"]["ok"], &body["checks"]["llm"]["required"]), (&json!(false), &json!(false)));
     let detail = body["checks"]["llm"]["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("http://127.0.0.1:9/models unreachable"), "{detail}");
+    assert!(detail.contains("127.0.0.1:9 unreachable"), "{detail}");
     assert_eq!(grpc_status(addr, "llm").await, Some(ServingStatus::NotServing));
 
     proxy.cut();

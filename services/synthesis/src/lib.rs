@@ -30,8 +30,8 @@ pub use engine::{SynthesisSettings, Synthesizer};
 /// Fully qualified gRPC name of the synthesis service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.SynthesisService";
 
-/// How often the LLM's server is probed for `/readyz` (one model list
-/// request, no tokens): hosted APIs rate-limit even that.
+/// How often the LLM's server is probed for `/readyz` (a TCP connection,
+/// no request).
 const LLM_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Configuration of the synthesis service (`Debug` hides the passwords in
