@@ -82,8 +82,7 @@ impl Mesh {
     pub async fn start(backend: Backend, replies: Vec<ScriptedReply>, options: Options) -> Option<Self> {
         agentmesh_testkit::init_tracing();
         let db = TestDatabase::new(backend).await?;
-        let discovery =
-            spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+        let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
         let llm = ScriptedLlmServer::start(replies).await.unwrap();
         let pending = std::future::pending::<()>;
         let (base, model, structured, timeout) = match &options.real_llm {
@@ -92,35 +91,38 @@ impl Mesh {
         };
         let planner_config = PlannerConfig {
             discovery_url: discovery.url(),
-            database_url: db.url.clone(),
-            llm: format!("openai:{model}"),
-            llm_base_url: Some(base.clone()),
-            llm_structured: structured.into(),
-            llm_timeout_secs: timeout,
-            llm_retries: 0,
-            ..Default::default()
+            llm: agentmesh_planner::LlmSettings {
+                llm: format!("openai:{model}"),
+                llm_base_url: Some(base.clone()),
+                llm_structured: structured.into(),
+                llm_timeout_secs: timeout,
+                llm_retries: 0,
+                ..PlannerConfig::default().llm
+            },
+            ..PlannerConfig::with_database_url(db.url.clone())
         };
         let (planner, planner_task) =
             spawn(|l| agentmesh_planner::serve_with_listener(planner_config, l, pending())).await;
         let executor_config = ExecutorConfig {
-            database_url: db.url.clone(),
             discovery_url: discovery.url(),
             planner_url: Some(format!("http://{planner}")),
             retry_base_ms: 20,
             retry_max_ms: 200,
-            ..Default::default()
+            ..ExecutorConfig::with_database_url(db.url.clone())
         };
         let (executor, executor_task) =
             spawn(|l| agentmesh_executor::serve_with_listener(executor_config, l, pending())).await;
         let mut synthesis_config = SynthesisConfig {
             discovery_url: discovery.url(),
-            database_url: db.url.clone(),
-            llm: format!("openai:{model}"),
-            llm_base_url: Some(base),
-            llm_structured: structured.into(),
-            llm_timeout_secs: timeout,
-            llm_retries: 0,
-            ..Default::default()
+            llm: agentmesh_synthesis::LlmSettings {
+                llm: format!("openai:{model}"),
+                llm_base_url: Some(base),
+                llm_structured: structured.into(),
+                llm_timeout_secs: timeout,
+                llm_retries: 0,
+                ..SynthesisConfig::default().llm
+            },
+            ..SynthesisConfig::with_database_url(db.url.clone())
         };
         if options.real_llm.is_some() {
             synthesis_config.answer_max_tokens = 160;
@@ -132,9 +134,8 @@ impl Mesh {
             planner_url: options.planner_url.unwrap_or_else(|| format!("http://{planner}")),
             executor_url: format!("http://{executor}"),
             synthesis_url: format!("http://{synthesis}"),
-            database_url: db.url.clone(),
             resume_grace_secs: options.resume_grace_secs.unwrap_or(30.0),
-            ..Default::default()
+            ..GatewayConfig::with_database_url(db.url.clone())
         };
         let (gateway, gateway_task) =
             spawn(|l| agentmesh_gateway::serve_with_listener(gateway_config, l, pending())).await;

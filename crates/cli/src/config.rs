@@ -37,11 +37,14 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
 }
 
-/// A flag that overrides one configuration key.
-pub type Override = (&'static str, figment::value::Value);
+/// A flag that overrides one configuration key (`section.key`).
+pub type Override = (String, figment::value::Value);
 
 /// The sections of the configuration.
 pub const SECTIONS: [&str; 6] = ["discovery", "planner", "executor", "synthesis", "gateway", "telemetry"];
+
+/// The sections that configure a service.
+pub const SERVICES: [&str; 5] = ["discovery", "planner", "executor", "synthesis", "gateway"];
 
 /// Loads the layered configuration: `defaults` are a command's own defaults
 /// (below the file), `overrides` its flags (above everything).
@@ -118,40 +121,30 @@ pub fn unknown_variables(variables: impl IntoIterator<Item = String>) -> Vec<Str
 }
 
 /// The configuration as `--print-config` shows it, only the `sections` the
-/// command uses: every URL (a key ending in `url` or `endpoint`) without its
-/// password or keys, and every value whose key names a secret (`password`,
-/// `token`, `secret`, `…_key`) replaced by `***`.
+/// command uses, with every secret hidden by the rule `Debug` follows
+/// ([`agentmesh_telemetry::secrets::hide_secrets`]): URLs without their
+/// passwords or keys, settings named for a secret as `***`.
 pub fn printable(config: &Config, sections: &[&str]) -> anyhow::Result<String> {
-    let mut value = toml::Value::try_from(config).context("printing config")?;
-    if let toml::Value::Table(table) = &mut value {
-        table.retain(|section, _| sections.contains(&section));
+    let mut value = serde_json::to_value(config).context("printing config")?;
+    if let serde_json::Value::Object(table) = &mut value {
+        table.retain(|section, _| sections.contains(&section.as_str()));
     }
-    hide_secrets(&mut value, "");
+    agentmesh_telemetry::secrets::hide_secrets(&mut value);
+    drop_nulls(&mut value);
+    let value = toml::Value::try_from(value).context("printing config")?;
     toml::to_string_pretty(&value).context("printing config")
 }
 
-fn hide_secrets(value: &mut toml::Value, key: &str) {
+/// Unset settings (JSON `null`) are left out: TOML has no null.
+fn drop_nulls(value: &mut serde_json::Value) {
     match value {
-        toml::Value::Table(table) => {
-            for (key, value) in table.iter_mut() {
-                hide_secrets(value, key);
-            }
+        serde_json::Value::Object(fields) => {
+            fields.retain(|_, v| !v.is_null());
+            fields.values_mut().for_each(drop_nulls);
         }
-        toml::Value::Array(items) => items.iter_mut().for_each(|item| hide_secrets(item, key)),
-        toml::Value::String(text) if names_a_secret(key) => "***".clone_into(text),
-        toml::Value::String(text) if key.ends_with("url") || key.ends_with("endpoint") => {
-            *text = agentmesh_discovery::redact(text);
-        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
         _ => {}
     }
-}
-
-/// `api_key`, `password`, `auth_token`…, but not `max_tokens` or `keys`.
-fn names_a_secret(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    let words: Vec<&str> = key.split(['_', '-']).collect();
-    words.last() == Some(&"key")
-        || words.iter().any(|w| matches!(*w, "password" | "passwd" | "secret" | "token" | "apikey"))
 }
 
 /// A command-line value that may hold a password (a database or server
@@ -174,15 +167,16 @@ impl SecretUrl {
 
 impl std::fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&agentmesh_discovery::redact(&self.0), f)
+        std::fmt::Debug::fmt(&agentmesh_telemetry::redact(&self.0), f)
     }
 }
 
-fn push<T: Serialize>(out: &mut Vec<Override>, key: &'static str, value: Option<T>) {
+/// Adds the override `section.key = value` when a value is given.
+fn push<T: Serialize>(out: &mut Vec<Override>, section: &str, key: &str, value: Option<T>) {
     if let Some(value) = value
         && let Ok(value) = figment::value::Value::serialize(value)
     {
-        out.push((key, value));
+        out.push((format!("{section}.{key}"), value));
     }
 }
 
@@ -227,14 +221,91 @@ impl TelemetryArgs {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
         });
-        push(&mut out, "telemetry.log_format", format);
-        push(&mut out, "telemetry.otlp_endpoint", self.otlp_endpoint.clone());
-        push(&mut out, "telemetry.otlp_protocol", self.otlp_protocol.clone());
-        push(&mut out, "telemetry.sampler", self.trace_sampler.clone());
-        push(&mut out, "telemetry.sampler_arg", self.trace_sampler_arg);
+        push(&mut out, "telemetry", "log_format", format);
+        push(&mut out, "telemetry", "otlp_endpoint", self.otlp_endpoint.clone());
+        push(&mut out, "telemetry", "otlp_protocol", self.otlp_protocol.clone());
+        push(&mut out, "telemetry", "sampler", self.trace_sampler.clone());
+        push(&mut out, "telemetry", "sampler_arg", self.trace_sampler_arg);
         if self.trace_llm_content {
-            push(&mut out, "telemetry.capture_llm_content", Some(true));
+            push(&mut out, "telemetry", "capture_llm_content", Some(true));
         }
+        out
+    }
+}
+
+/// Flags every `serve` command takes, for the settings every service has.
+#[derive(Args, Debug)]
+pub struct ServiceArgs {
+    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7400 discovery,
+    /// 7401 planner, 7402 executor, 7403 synthesis, 7404 gateway].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// The service's database: `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB`
+    /// [default: sqlite://.agentmesh/agentmesh.db].
+    #[arg(long)]
+    pub database_url: Option<SecretUrl>,
+    /// Seconds a request may take [default: 30; planner and synthesis 600, gateway 900 (an orchestration)].
+    #[arg(long, value_name = "SECONDS")]
+    pub request_timeout_secs: Option<f64>,
+    /// Seconds between checks of the service's dependencies for readiness [default: 2].
+    #[arg(long, value_name = "SECONDS")]
+    pub health_check_interval_secs: Option<f64>,
+    /// Print the resulting configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ServiceArgs {
+    /// The flags given, as overrides of `section`.
+    pub fn overrides(&self, section: &str) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, section, "listen", self.listen.map(|a| a.to_string()));
+        push(&mut out, section, "database_url", self.database_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, section, "request_timeout_secs", self.request_timeout_secs);
+        push(&mut out, section, "health_check_interval_secs", self.health_check_interval_secs);
+        out
+    }
+}
+
+/// Flags of the services that call a model (and of `up`, which passes
+/// them to both).
+#[derive(Args, Debug)]
+pub struct LlmArgs {
+    /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
+    /// gemini, ollama, vllm, llamacpp (any OpenAI-compatible server, with
+    /// --llm-base-url) or `replay:FILE`. Keys come from OPENAI_API_KEY,
+    /// ANTHROPIC_API_KEY, GEMINI_API_KEY. For `up`, the planner and synthesis
+    /// run only with one.
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long)]
+    pub llm_base_url: Option<SecretUrl>,
+    /// Structured output (the planner's plans, synthesis's reviews): auto,
+    /// json_schema, json_object, tool or none [default: auto].
+    #[arg(long)]
+    pub llm_structured: Option<String>,
+    /// Seconds each LLM call may take [default: 60 planner, 120 synthesis].
+    #[arg(long, value_name = "SECONDS")]
+    pub llm_timeout: Option<u64>,
+    /// Retries after 429, 5xx and timeouts [default: 3].
+    #[arg(long)]
+    pub llm_retries: Option<u32>,
+    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
+    #[arg(long)]
+    pub llm_ca_file: Option<std::path::PathBuf>,
+}
+
+impl LlmArgs {
+    /// The flags given, as overrides of `section`.
+    pub fn overrides(&self, section: &str) -> Vec<Override> {
+        let mut out = Vec::new();
+        push(&mut out, section, "llm", self.llm.clone());
+        push(&mut out, section, "llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, section, "llm_structured", self.llm_structured.clone());
+        push(&mut out, section, "llm_timeout_secs", self.llm_timeout);
+        push(&mut out, section, "llm_retries", self.llm_retries);
+        push(&mut out, section, "llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
         out
     }
 }
@@ -242,31 +313,22 @@ impl TelemetryArgs {
 /// Flags of `agentmesh serve discovery`.
 #[derive(Args, Debug)]
 pub struct DiscoveryArgs {
-    /// Address serving gRPC and HTTP [default: 127.0.0.1:7400].
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
-    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://USER@HOST/DB` [default: sqlite://.agentmesh/agentmesh.db].
-    #[arg(long)]
-    pub database_url: Option<SecretUrl>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
     /// Expected seconds between agent heartbeats [default: 10].
     #[arg(long)]
     pub heartbeat_interval_secs: Option<f64>,
     /// Seconds a catalog snapshot is served before reloading [default: 30].
     #[arg(long)]
     pub cache_ttl_secs: Option<f64>,
-    /// Print the resulting configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
 }
 
 impl DiscoveryArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "discovery.database_url", self.database_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "discovery.heartbeat_interval_secs", self.heartbeat_interval_secs);
-        push(&mut out, "discovery.cache_ttl_secs", self.cache_ttl_secs);
+        let mut out = self.service.overrides("discovery");
+        push(&mut out, "discovery", "heartbeat_interval_secs", self.heartbeat_interval_secs);
+        push(&mut out, "discovery", "cache_ttl_secs", self.cache_ttl_secs);
         out
     }
 }
@@ -277,14 +339,8 @@ pub struct UpArgs {
     /// Discovery's address, gRPC and HTTP [default: 127.0.0.1:7400].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Also run the planner and synthesis with this LLM (`provider:model`,
-    /// see `serve planner --help`); without it each runs only when its
-    /// `llm` is configured (`[planner]`, `[synthesis]`).
-    #[arg(long)]
-    pub llm: Option<String>,
-    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
-    #[arg(long)]
-    pub llm_base_url: Option<SecretUrl>,
+    #[command(flatten)]
+    pub llm: LlmArgs,
     /// Directory of the embedded SQLite database, used by every service
     /// whose `database_url` the file or the environment does not set.
     #[arg(long, default_value = ".agentmesh")]
@@ -300,14 +356,8 @@ impl UpArgs {
     pub fn defaults(&self) -> Vec<Override> {
         let embedded = format!("sqlite://{}", self.data_dir.join("agentmesh.db").display());
         let mut out = Vec::new();
-        for key in [
-            "discovery.database_url",
-            "planner.database_url",
-            "executor.database_url",
-            "synthesis.database_url",
-            "gateway.database_url",
-        ] {
-            push(&mut out, key, Some(embedded.clone()));
+        for section in SERVICES {
+            push(&mut out, section, "database_url", Some(embedded.clone()));
         }
         out
     }
@@ -315,11 +365,9 @@ impl UpArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
         let mut out = Vec::new();
-        push(&mut out, "discovery.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "planner.llm", self.llm.clone());
-        push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "synthesis.llm", self.llm.clone());
-        push(&mut out, "synthesis.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
+        push(&mut out, "discovery", "listen", self.listen.map(|a| a.to_string()));
+        out.extend(self.llm.overrides("planner"));
+        out.extend(self.llm.overrides("synthesis"));
         out
     }
 }
@@ -327,63 +375,26 @@ impl UpArgs {
 /// Flags of `agentmesh serve planner`.
 #[derive(Args, Debug)]
 pub struct PlannerArgs {
-    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7401].
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub llm: LlmArgs,
     /// Discovery's address [default: http://127.0.0.1:7400].
     #[arg(long)]
     pub discovery: Option<String>,
-    /// Database of the interaction log [default: sqlite://.agentmesh/agentmesh.db].
-    #[arg(long)]
-    pub database_url: Option<SecretUrl>,
-    /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
-    /// gemini, ollama, vllm, llamacpp (any OpenAI-compatible server, with
-    /// --llm-base-url) or `replay:FILE`. Keys come from OPENAI_API_KEY,
-    /// ANTHROPIC_API_KEY, GEMINI_API_KEY.
-    #[arg(long)]
-    pub llm: Option<String>,
-    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
-    #[arg(long)]
-    pub llm_base_url: Option<SecretUrl>,
-    /// Structured output: auto, json_schema, json_object, tool or none [default: auto].
-    #[arg(long)]
-    pub llm_structured: Option<String>,
-    /// Seconds each LLM call may take [default: 60].
-    #[arg(long, value_name = "SECONDS")]
-    pub llm_timeout: Option<u64>,
-    /// Retries after 429, 5xx and timeouts [default: 3].
-    #[arg(long)]
-    pub llm_retries: Option<u32>,
-    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
-    #[arg(long)]
-    pub llm_ca_file: Option<std::path::PathBuf>,
     /// The orchestrator's own agent ids, never planned for (repeatable).
     #[arg(long = "self-agent-id")]
     pub self_agent_ids: Vec<String>,
-    /// Seconds between checks of discovery and the store for health [default: 2].
-    #[arg(long, value_name = "SECONDS")]
-    pub health_check_interval_secs: Option<f64>,
-    /// Print the resulting configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
 }
 
 impl PlannerArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, "planner.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "planner.discovery_url", self.discovery.clone());
-        push(&mut out, "planner.database_url", self.database_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "planner.llm", self.llm.clone());
-        push(&mut out, "planner.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "planner.llm_structured", self.llm_structured.clone());
-        push(&mut out, "planner.health_check_interval_secs", self.health_check_interval_secs);
-        push(&mut out, "planner.llm_timeout_secs", self.llm_timeout);
-        push(&mut out, "planner.llm_retries", self.llm_retries);
-        push(&mut out, "planner.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
+        let mut out = self.service.overrides("planner");
+        out.extend(self.llm.overrides("planner"));
+        push(&mut out, "planner", "discovery_url", self.discovery.clone());
         if !self.self_agent_ids.is_empty() {
-            push(&mut out, "planner.self_agent_ids", Some(self.self_agent_ids.clone()));
+            push(&mut out, "planner", "self_agent_ids", Some(self.self_agent_ids.clone()));
         }
         out
     }
@@ -392,59 +403,25 @@ impl PlannerArgs {
 /// Flags of `agentmesh serve synthesis`.
 #[derive(Args, Debug)]
 pub struct SynthesisArgs {
-    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7403].
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub llm: LlmArgs,
     /// Discovery's address, for the catalog reviews suggest from [default: http://127.0.0.1:7400].
     #[arg(long)]
     pub discovery: Option<String>,
-    /// Database of the interaction log [default: sqlite://.agentmesh/agentmesh.db].
-    #[arg(long)]
-    pub database_url: Option<SecretUrl>,
-    /// `provider:model[,provider:model…]`, as for `serve planner`.
-    #[arg(long)]
-    pub llm: Option<String>,
-    /// Base URL of the LLM server, e.g. http://127.0.0.1:8000/v1.
-    #[arg(long)]
-    pub llm_base_url: Option<SecretUrl>,
-    /// Structured output of reviews: auto, json_schema, json_object, tool or none [default: auto].
-    #[arg(long)]
-    pub llm_structured: Option<String>,
-    /// Seconds each LLM call may take [default: 120].
-    #[arg(long, value_name = "SECONDS")]
-    pub llm_timeout: Option<u64>,
-    /// Retries after 429, 5xx and timeouts [default: 3].
-    #[arg(long)]
-    pub llm_retries: Option<u32>,
-    /// PEM file of extra trusted CAs for HTTPS to the LLM server.
-    #[arg(long)]
-    pub llm_ca_file: Option<std::path::PathBuf>,
     /// Most tokens of an answer [default: 1024].
     #[arg(long)]
     pub answer_max_tokens: Option<u32>,
-    /// Seconds between checks of discovery and the store for health [default: 2].
-    #[arg(long, value_name = "SECONDS")]
-    pub health_check_interval_secs: Option<f64>,
-    /// Print the resulting configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
 }
 
 impl SynthesisArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, "synthesis.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "synthesis.discovery_url", self.discovery.clone());
-        push(&mut out, "synthesis.database_url", self.database_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "synthesis.llm", self.llm.clone());
-        push(&mut out, "synthesis.llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "synthesis.llm_structured", self.llm_structured.clone());
-        push(&mut out, "synthesis.llm_timeout_secs", self.llm_timeout);
-        push(&mut out, "synthesis.llm_retries", self.llm_retries);
-        push(&mut out, "synthesis.llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
-        push(&mut out, "synthesis.answer_max_tokens", self.answer_max_tokens);
-        push(&mut out, "synthesis.health_check_interval_secs", self.health_check_interval_secs);
+        let mut out = self.service.overrides("synthesis");
+        out.extend(self.llm.overrides("synthesis"));
+        push(&mut out, "synthesis", "discovery_url", self.discovery.clone());
+        push(&mut out, "synthesis", "answer_max_tokens", self.answer_max_tokens);
         out
     }
 }
@@ -452,9 +429,8 @@ impl SynthesisArgs {
 /// Flags of `agentmesh serve gateway`.
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
-    /// Address serving gRPC and HTTP (the REST API, /metrics, /healthz, /readyz) [default: 127.0.0.1:7404].
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
     /// The planner's address [default: http://127.0.0.1:7401].
     #[arg(long)]
     pub planner: Option<String>,
@@ -464,27 +440,15 @@ pub struct GatewayArgs {
     /// The synthesis service's address [default: http://127.0.0.1:7403].
     #[arg(long)]
     pub synthesis: Option<String>,
-    /// Seconds an orchestration may take [default: 900].
-    #[arg(long, value_name = "SECONDS")]
-    pub request_timeout_secs: Option<f64>,
-    /// Database keeping orchestration messages for resuming [default: sqlite://.agentmesh/agentmesh.db].
-    #[arg(long)]
-    pub database_url: Option<SecretUrl>,
-    /// Print the resulting configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
 }
 
 impl GatewayArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, "gateway.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "gateway.planner_url", self.planner.clone());
-        push(&mut out, "gateway.executor_url", self.executor.clone());
-        push(&mut out, "gateway.synthesis_url", self.synthesis.clone());
-        push(&mut out, "gateway.request_timeout_secs", self.request_timeout_secs);
-        push(&mut out, "gateway.database_url", self.database_url.as_ref().map(SecretUrl::expose));
+        let mut out = self.service.overrides("gateway");
+        push(&mut out, "gateway", "planner_url", self.planner.clone());
+        push(&mut out, "gateway", "executor_url", self.executor.clone());
+        push(&mut out, "gateway", "synthesis_url", self.synthesis.clone());
         out
     }
 }
@@ -492,19 +456,14 @@ impl GatewayArgs {
 /// Flags of `agentmesh serve executor`.
 #[derive(Args, Debug)]
 pub struct ExecutorArgs {
-    /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7402].
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
     /// Discovery's address [default: http://127.0.0.1:7400].
     #[arg(long)]
     pub discovery: Option<String>,
     /// The planner's address, for loop-back [default: none: collaboration requests are rejected].
     #[arg(long)]
     pub planner: Option<String>,
-    /// Where executions are stored: `sqlite://PATH` or `postgres://…` (replicas
-    /// sharing PostgreSQL share the work) [default: sqlite://.agentmesh/agentmesh.db].
-    #[arg(long)]
-    pub database_url: Option<SecretUrl>,
     /// Steps of one execution running at once [default: 16].
     #[arg(long)]
     pub max_concurrency: Option<u32>,
@@ -517,23 +476,18 @@ pub struct ExecutorArgs {
     /// Seconds before another replica takes over the executions of one that stopped [default: 10].
     #[arg(long)]
     pub lease_secs: Option<f64>,
-    /// Print the resulting configuration and exit.
-    #[arg(long)]
-    pub print_config: bool,
 }
 
 impl ExecutorArgs {
     /// The flags given, as configuration overrides.
     pub fn overrides(&self) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, "executor.listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, "executor.discovery_url", self.discovery.clone());
-        push(&mut out, "executor.planner_url", self.planner.clone());
-        push(&mut out, "executor.database_url", self.database_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, "executor.max_concurrency", self.max_concurrency);
-        push(&mut out, "executor.step_timeout_ms", self.step_timeout_ms);
-        push(&mut out, "executor.max_retries", self.max_retries);
-        push(&mut out, "executor.lease_secs", self.lease_secs);
+        let mut out = self.service.overrides("executor");
+        push(&mut out, "executor", "discovery_url", self.discovery.clone());
+        push(&mut out, "executor", "planner_url", self.planner.clone());
+        push(&mut out, "executor", "max_concurrency", self.max_concurrency);
+        push(&mut out, "executor", "step_timeout_ms", self.step_timeout_ms);
+        push(&mut out, "executor", "max_retries", self.max_retries);
+        push(&mut out, "executor", "lease_secs", self.lease_secs);
         out
     }
 }
@@ -545,11 +499,15 @@ mod tests {
     #[test]
     fn flags_holding_urls_show_redacted_in_debug() {
         let args = DiscoveryArgs {
-            listen: None,
-            database_url: Some(SecretUrl::from("postgres://u:hunter2@db/agentmesh".to_owned())),
+            service: ServiceArgs {
+                listen: None,
+                database_url: Some(SecretUrl::from("postgres://u:hunter2@db/agentmesh".to_owned())),
+                request_timeout_secs: None,
+                health_check_interval_secs: None,
+                print_config: false,
+            },
             heartbeat_interval_secs: None,
             cache_ttl_secs: None,
-            print_config: false,
         };
         let shown = format!("{args:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
@@ -561,16 +519,10 @@ mod tests {
     #[test]
     fn printed_configuration_hides_secrets_by_key() {
         let mut config = Config::default();
-        config.planner.llm_base_url = Some("https://u:hunter2@llm/v1?key=hunter3".into());
+        config.planner.llm.llm_base_url = Some("https://u:hunter2@llm/v1?key=hunter3".into());
         config.telemetry.otlp_endpoint = Some("https://u:hunter4@collector:4318".into());
         let printed = printable(&config, &SECTIONS).unwrap_or_default();
         assert!(!printed.contains("hunter"), "{printed}");
         assert!(printed.contains("llm_base_url = \"https://u:***@llm/v1?key=***\""), "{printed}");
-        for key in ["api_key", "password", "auth_token", "client_secret", "OPENAI_API_KEY"] {
-            assert!(names_a_secret(key), "{key}");
-        }
-        for key in ["max_tokens", "keys", "keyword", "llm", "database_url"] {
-            assert!(!names_a_secret(key), "{key}");
-        }
     }
 }

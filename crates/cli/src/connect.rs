@@ -53,19 +53,7 @@ pub fn rpc_error(status: &tonic::Status) -> anyhow::Error {
         .map(|b| b.field_violations.iter().map(|v| format!("\n  {}: {}", v.field, v.description)).collect())
         .unwrap_or_default();
     let message = if status.message().is_empty() { status.code().description() } else { status.message() };
-    anyhow::anyhow!("{message} ({}){fields}", code_name(status.code()))
-}
-
-/// `FailedPrecondition` as `failed_precondition`.
-fn code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_lowercase());
-    }
-    name
+    anyhow::anyhow!("{message} ({}){fields}", agentmesh_telemetry::rpc::code_name(status.code()).to_ascii_lowercase())
 }
 
 #[cfg(test)]

@@ -94,40 +94,47 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+impl ServeCommand {
+    /// The service's configuration section, the name its traces carry, and
+    /// the flags every service takes.
+    fn parts(&self) -> (&'static str, &'static str, &config::ServiceArgs) {
+        match self {
+            Self::Discovery(args) => ("discovery", "agentmesh-discovery", &args.service),
+            Self::Planner(args) => ("planner", "agentmesh-planner", &args.service),
+            Self::Executor(args) => ("executor", "agentmesh-executor", &args.service),
+            Self::Synthesis(args) => ("synthesis", "agentmesh-synthesis", &args.service),
+            Self::Gateway(args) => ("gateway", "agentmesh-gateway", &args.service),
+        }
+    }
+
+    /// The flags given, as configuration overrides.
+    fn overrides(&self) -> Vec<config::Override> {
+        match self {
+            Self::Discovery(args) => args.overrides(),
+            Self::Planner(args) => args.overrides(),
+            Self::Executor(args) => args.overrides(),
+            Self::Synthesis(args) => args.overrides(),
+            Self::Gateway(args) => args.overrides(),
+        }
+    }
+}
+
 impl Command {
     /// The name this process reports in traces.
     fn service_name(&self) -> &'static str {
         match self {
-            Command::Serve { service: ServeCommand::Discovery(_) } => "agentmesh-discovery",
-            Command::Serve { service: ServeCommand::Planner(_) } => "agentmesh-planner",
-            Command::Serve { service: ServeCommand::Executor(_) } => "agentmesh-executor",
-            Command::Serve { service: ServeCommand::Synthesis(_) } => "agentmesh-synthesis",
-            Command::Serve { service: ServeCommand::Gateway(_) } => "agentmesh-gateway",
+            Command::Serve { service } => service.parts().1,
             Command::Up(_) => "agentmesh",
-            Command::Agents(_)
-            | Command::Ask(_)
-            | Command::Plan(_)
-            | Command::Interactions(_)
-            | Command::Run(_)
-            | Command::Executions(_) => "agentmesh-cli",
+            _ => "agentmesh-cli",
         }
     }
 
     /// The command's flags, as configuration overrides.
     fn overrides(&self) -> Vec<config::Override> {
         match self {
-            Command::Serve { service: ServeCommand::Discovery(args) } => args.overrides(),
-            Command::Serve { service: ServeCommand::Planner(args) } => args.overrides(),
-            Command::Serve { service: ServeCommand::Executor(args) } => args.overrides(),
-            Command::Serve { service: ServeCommand::Synthesis(args) } => args.overrides(),
-            Command::Serve { service: ServeCommand::Gateway(args) } => args.overrides(),
+            Command::Serve { service } => service.overrides(),
             Command::Up(args) => args.overrides(),
-            Command::Agents(_)
-            | Command::Ask(_)
-            | Command::Plan(_)
-            | Command::Interactions(_)
-            | Command::Run(_)
-            | Command::Executions(_) => Vec::new(),
+            _ => Vec::new(),
         }
     }
 
@@ -140,31 +147,18 @@ impl Command {
     }
 
     /// The configuration sections the command uses (`--print-config` shows these).
-    fn sections(&self) -> &'static [&'static str] {
+    fn sections(&self) -> Vec<&'static str> {
         match self {
-            Command::Serve { service: ServeCommand::Discovery(_) } => &["discovery", "telemetry"],
-            Command::Serve { service: ServeCommand::Planner(_) } => &["planner", "telemetry"],
-            Command::Serve { service: ServeCommand::Executor(_) } => &["executor", "telemetry"],
-            Command::Serve { service: ServeCommand::Synthesis(_) } => &["synthesis", "telemetry"],
-            Command::Serve { service: ServeCommand::Gateway(_) } => &["gateway", "telemetry"],
-            _ => &config::SECTIONS,
+            Command::Serve { service } => vec![service.parts().0, "telemetry"],
+            _ => config::SECTIONS.to_vec(),
         }
     }
 
     fn prints_config(&self) -> bool {
         match self {
-            Command::Serve { service: ServeCommand::Discovery(args) } => args.print_config,
-            Command::Serve { service: ServeCommand::Planner(args) } => args.print_config,
-            Command::Serve { service: ServeCommand::Executor(args) } => args.print_config,
-            Command::Serve { service: ServeCommand::Synthesis(args) } => args.print_config,
-            Command::Serve { service: ServeCommand::Gateway(args) } => args.print_config,
+            Command::Serve { service } => service.parts().2.print_config,
             Command::Up(args) => args.print_config,
-            Command::Agents(_)
-            | Command::Ask(_)
-            | Command::Plan(_)
-            | Command::Interactions(_)
-            | Command::Run(_)
-            | Command::Executions(_) => false,
+            _ => false,
         }
     }
 }
@@ -204,7 +198,7 @@ async fn main() -> std::process::ExitCode {
         Err(e) => return fail(&e),
     };
     if cli.command.prints_config() {
-        return match config::printable(&config, cli.command.sections()) {
+        return match config::printable(&config, &cli.command.sections()) {
             // A reader that stops early (`--print-config | head`) is not an error.
             Ok(text) => match writeln!(std::io::stdout().lock(), "{text}") {
                 Ok(()) => std::process::ExitCode::SUCCESS,

@@ -46,15 +46,10 @@ async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<TracedChannel>
     Ok(PlannerServiceClient::new(crate::connect::connect(url, "the planner", "agentmesh serve planner").await?))
 }
 
-/// A fresh request id such as `req_3f9a0c2e7b1d4a58`, chosen by the CLI so
-/// that it can be printed whatever the outcome.
-fn new_request_id() -> String {
-    format!("req_{:016x}", rand::random::<u64>())
-}
-
 /// Prints a plan for a request.
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
-    let request_id = new_request_id();
+    // Chosen here so that it can be printed whatever the outcome.
+    let request_id = agentmesh_server::new_request_id();
     let mut request = tonic::Request::new(pb::CreatePlanRequest {
         request_id: request_id.clone(),
         query: args.query,

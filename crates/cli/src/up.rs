@@ -5,7 +5,6 @@
 
 use std::future::Future;
 
-use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -19,44 +18,42 @@ pub async fn run(mut config: Config, shutdown: impl Future<Output = ()> + Send +
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-    let with_planner = !config.planner.llm.trim().is_empty();
-    let with_synthesis = !config.synthesis.llm.trim().is_empty();
-    let discovery_url = format!("http://{}", config.discovery.listen);
+    let with_planner = !config.planner.llm.llm.trim().is_empty();
+    let with_synthesis = !config.synthesis.llm.llm.trim().is_empty();
+    let discovery_url = format!("http://{}", config.discovery.service.listen);
     config.planner.discovery_url.clone_from(&discovery_url);
     config.synthesis.discovery_url.clone_from(&discovery_url);
     let with_gateway = with_planner && with_synthesis;
-    config.gateway.planner_url = format!("http://{}", config.planner.listen);
-    config.gateway.executor_url = format!("http://{}", config.executor.listen);
-    config.gateway.synthesis_url = format!("http://{}", config.synthesis.listen);
+    config.gateway.planner_url = format!("http://{}", config.planner.service.listen);
+    config.gateway.executor_url = format!("http://{}", config.executor.service.listen);
+    config.gateway.synthesis_url = format!("http://{}", config.synthesis.service.listen);
     config.executor.discovery_url = discovery_url;
     if with_planner {
-        config.executor.planner_url = Some(format!("http://{}", config.planner.listen));
+        config.executor.planner_url = Some(format!("http://{}", config.planner.service.listen));
     }
     // Every port first, so that a port in use fails before anything is announced.
-    let bind = |what: &str, addr: std::net::SocketAddr| {
-        agentmesh_server::net::listen(addr).with_context(|| format!("binding {what} to {addr}"))
-    };
-    let discovery_listener = bind("discovery", config.discovery.listen)?;
-    let executor_listener = bind("the executor", config.executor.listen)?;
-    let planner_listener = with_planner.then(|| bind("the planner", config.planner.listen)).transpose()?;
-    let synthesis_listener = with_synthesis.then(|| bind("synthesis", config.synthesis.listen)).transpose()?;
-    let gateway_listener = with_gateway.then(|| bind("the gateway", config.gateway.listen)).transpose()?;
+    let bind = agentmesh_server::service::bind;
+    let discovery_listener = bind("discovery", config.discovery.service.listen)?;
+    let executor_listener = bind("the executor", config.executor.service.listen)?;
+    let planner_listener = with_planner.then(|| bind("the planner", config.planner.service.listen)).transpose()?;
+    let synthesis_listener = with_synthesis.then(|| bind("synthesis", config.synthesis.service.listen)).transpose()?;
+    let gateway_listener = with_gateway.then(|| bind("the gateway", config.gateway.service.listen)).transpose()?;
     eprintln!(
         "agentmesh up: discovery on {} (gRPC and HTTP), executor on {}{}{}{}; data in {}",
-        config.discovery.listen,
-        config.executor.listen,
+        config.discovery.service.listen,
+        config.executor.service.listen,
         if with_planner {
-            format!(", planner on {} ({})", config.planner.listen, config.planner.llm)
+            format!(", planner on {} ({})", config.planner.service.listen, config.planner.llm.llm)
         } else {
             ", no planner (pass --llm provider:model to run one)".to_owned()
         },
-        if with_synthesis { format!(", synthesis on {}", config.synthesis.listen) } else { String::new() },
+        if with_synthesis { format!(", synthesis on {}", config.synthesis.service.listen) } else { String::new() },
         if with_gateway {
-            format!(", gateway on {} (agentmesh ask \"…\")", config.gateway.listen)
+            format!(", gateway on {} (agentmesh ask \"…\")", config.gateway.service.listen)
         } else {
             String::new()
         },
-        agentmesh_discovery::redact(&config.discovery.database_url),
+        agentmesh_server::redact(&config.discovery.service.database_url),
     );
     let discovery = agentmesh_discovery::serve_with_listener(config.discovery, discovery_listener, until());
     let executor = agentmesh_executor::serve_with_listener(config.executor, executor_listener, until());

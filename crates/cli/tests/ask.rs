@@ -33,8 +33,7 @@ async fn ask_prints_the_events_and_the_answer_of_one_traced_orchestration() {
     let receiver = OtlpReceiver::start().await.unwrap();
     let endpoint = receiver.endpoint();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])
         .await
         .unwrap();

@@ -21,9 +21,8 @@ fn agentmesh(args: &[&str]) -> (bool, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_commands_register_list_get_and_deregister() {
     let db = TestDatabase::sqlite();
-    let svc = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let svc =
+        spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap_or_else(|e| panic!("{e:#}"));
     let url = svc.url();
     let dir = std::env::temp_dir().join(format!("agentmesh-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
@@ -274,9 +273,8 @@ fn printed_configuration_and_errors_hide_passwords_and_keys() {
 async fn plan_and_interactions_commands_talk_to_a_running_planner() {
     use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};
     let db = TestDatabase::sqlite();
-    let discovery = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let discovery =
+        spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap_or_else(|e| panic!("{e:#}"));
     let registration = serde_json::json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
         {"id": "get_current_weather", "description": "Current weather",
          "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]});
@@ -294,10 +292,12 @@ async fn plan_and_interactions_commands_talk_to_a_running_planner() {
     let planner_url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
     let config = agentmesh_planner::PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted".into(),
-        llm_base_url: Some(llm.url()),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted".into(),
+            llm_base_url: Some(llm.url()),
+            ..agentmesh_planner::PlannerConfig::default().llm
+        },
+        ..agentmesh_planner::PlannerConfig::with_database_url(db.url.clone())
     };
     let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -371,9 +371,8 @@ async fn the_example_replay_script_plans_offline() {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/replay/weather.json");
     assert!(script.exists(), "{} is missing", script.display());
     let db = TestDatabase::sqlite();
-    let discovery = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let discovery =
+        spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap_or_else(|e| panic!("{e:#}"));
     // The README's walk-through agent.
     let registration = serde_json::json!({"id": "weather-tool-v2", "base_url": "http://127.0.0.1:9001", "skills": [
         {"id": "get_current_weather", "description": "Current weather for a location",
@@ -389,9 +388,11 @@ async fn the_example_replay_script_plans_offline() {
     let planner_url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
     let config = agentmesh_planner::PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: format!("replay:{}", script.display()),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: format!("replay:{}", script.display()),
+            ..agentmesh_planner::PlannerConfig::default().llm
+        },
+        ..agentmesh_planner::PlannerConfig::with_database_url(db.url.clone())
     };
     let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -472,9 +473,8 @@ async fn errors_are_one_clear_line() {
     assert!(!err.contains("tcp connect error: tcp connect error"), "{err}");
 
     let db = TestDatabase::sqlite();
-    let svc = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let svc =
+        spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap_or_else(|e| panic!("{e:#}"));
     let (ok, _, err) = agentmesh(&["agents", "--discovery", &svc.url(), "get", "nobody"]);
     assert!(!ok);
     assert_eq!(err.trim(), "error: agent `nobody` is not registered (not_found)");
@@ -582,9 +582,8 @@ async fn plan_says_what_the_model_saw_and_a_failed_plan_can_be_followed_up() {
     use agentmesh_testkit::{ScriptedLlmServer, ScriptedReply};
     let db = TestDatabase::sqlite();
     let discovery = spawn_discovery(DiscoveryConfig {
-        database_url: db.url.clone(),
         heartbeat_interval_secs: 0.05,
-        ..Default::default()
+        ..DiscoveryConfig::with_database_url(db.url.clone())
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
@@ -608,11 +607,13 @@ async fn plan_says_what_the_model_saw_and_a_failed_plan_can_be_followed_up() {
         let url = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
         let config = agentmesh_planner::PlannerConfig {
             discovery_url: discovery.url(),
-            database_url: db.url.clone(),
-            llm: "openai:scripted".into(),
-            llm_base_url: Some(llm_base_url),
-            llm_retries: 0,
-            ..Default::default()
+            llm: agentmesh_planner::LlmSettings {
+                llm: "openai:scripted".into(),
+                llm_base_url: Some(llm_base_url),
+                llm_retries: 0,
+                ..agentmesh_planner::PlannerConfig::default().llm
+            },
+            ..agentmesh_planner::PlannerConfig::with_database_url(db.url.clone())
         };
         (url, tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending())))
     };

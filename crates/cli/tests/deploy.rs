@@ -72,7 +72,7 @@ async fn the_compose_file_runs_commands_the_binary_accepts() {
             .unwrap_or_default();
         let config = accepted(&command, &env).await;
         for (key, value) in env.iter().filter(|(k, _)| k.ends_with("__DATABASE_URL")) {
-            let shown = agentmesh_discovery::redact(value);
+            let shown = agentmesh_server::redact(value);
             assert!(config.contains(&format!("database_url = \"{shown}\"")), "{key} reached {name}'s configuration");
         }
         checked.push(name.to_owned());

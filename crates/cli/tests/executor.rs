@@ -133,8 +133,7 @@ fn assert_agent_calls(agent: &FakeAgent) {
 
 async fn setup(backend: Backend) -> Option<(TestDatabase, agentmesh_testkit::RunningService, FakeAgent, OtlpReceiver)> {
     let db = TestDatabase::new(backend).await?;
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     let agent = FakeAgent::start(vec![
         ("fast", Behavior::Echo(Duration::ZERO)),
         ("slow", Behavior::Echo(Duration::from_millis(1500))),

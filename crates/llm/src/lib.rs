@@ -27,6 +27,7 @@ pub mod models;
 pub mod openai;
 pub mod replay;
 mod retry;
+pub mod settings;
 mod traced;
 
 use std::fmt;
@@ -38,6 +39,7 @@ use serde_json::Value;
 
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpSettings, client_builder, install_tls_provider};
 pub use retry::RetryPolicy;
+pub use settings::LlmSettings;
 pub use traced::generate_traced;
 
 /// How a provider makes the model answer in JSON that fits a schema.
@@ -232,6 +234,10 @@ pub struct Completion {
     pub truncated: bool,
 }
 
+/// How often readiness checks probe an LLM's server (a TCP connection, no
+/// request): a hosted API is not asked every few seconds.
+pub const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `Debug` for a secret: whether it is set, never its value.
 pub(crate) fn redacted(secret: Option<&String>) -> &'static str {
     if secret.is_some() { "Some(\"***\")" } else { "None" }
@@ -315,7 +321,8 @@ pub trait LlmProvider: Send + Sync {
 
     /// Whether the provider's server can be reached now, without spending a
     /// token: `Ok(what it answered)` or `Err(why not)`. Used by readiness
-    /// checks; the default (a provider with no server) always answers.
+    /// checks, at most every [`PROBE_INTERVAL`]; the default (a provider
+    /// with no server) always answers.
     async fn probe(&self) -> Result<String, String> {
         Ok("no server to reach".into())
     }

@@ -131,16 +131,28 @@ impl Dependency {
 }
 
 impl Dependency {
-    /// A dependency checked by `ping` (a store): `reachable`, or
-    /// `unreachable: <why>`.
-    pub fn ping<F, Fut, E>(name: &'static str, ping: F) -> Self
+    /// A dependency checked by `probe(target)`, the target handed to each
+    /// check (an `Arc` of a client or a provider).
+    pub fn of<T, F, Fut>(name: &'static str, target: T, probe: F) -> Self
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        T: Clone + Send + Sync + 'static,
+        F: Fn(T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, String>> + Send + 'static,
+    {
+        Self::new(name, move || probe(target.clone()))
+    }
+
+    /// The service's store, checked by `ping(store)`: `reachable`, or
+    /// `unreachable: <why>`.
+    pub fn store<T, F, Fut, E>(store: T, ping: F) -> Self
+    where
+        T: Clone + Send + Sync + 'static,
+        F: Fn(T) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display,
     {
-        Self::new(name, move || {
-            let pinged = ping();
+        Self::new("store", move || {
+            let pinged = ping(store.clone());
             async move { pinged.await.map(|()| "reachable".to_owned()).map_err(|e| format!("unreachable: {e}")) }
         })
     }

@@ -60,6 +60,21 @@ fn request_id_of(headers: &HeaderMap) -> Option<String> {
     headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
+/// The request id of a gRPC call: `given` (the request body's own) when
+/// not empty, else the one the stack set on the call (`x-request-id`, the
+/// client's or a fresh one), so that a call has one id from the edge on.
+pub fn call_request_id(metadata: &tonic::metadata::MetadataMap, given: &str) -> String {
+    if !given.is_empty() {
+        return given.to_owned();
+    }
+    request_id_of(metadata.as_ref()).filter(|id| !id.is_empty()).unwrap_or_else(new_request_id)
+}
+
+/// The deadline a gRPC client gave its call (`grpc-timeout`), if any.
+pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    grpc_timeout(metadata.as_ref())
+}
+
 /// A client's id is kept when it is 1-128 visible ASCII characters.
 fn acceptable_request_id(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();

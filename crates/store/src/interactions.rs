@@ -55,6 +55,13 @@ impl Default for Retention {
     }
 }
 
+/// `(ok, error)`, as the LLM settings give them.
+impl From<(Duration, Duration)> for Retention {
+    fn from((ok, error): (Duration, Duration)) -> Self {
+        Self { ok, error }
+    }
+}
+
 impl Retention {
     /// Expiry, in milliseconds since the epoch, of a record.
     pub(crate) fn expires_at_ms(&self, record: &InteractionRecord) -> i64 {

@@ -13,6 +13,7 @@ mod filter;
 pub mod http;
 pub mod propagation;
 pub mod rpc;
+pub mod secrets;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -30,6 +31,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use config::{Export, LogFormat, Protocol, TelemetryConfig};
+pub use secrets::redact;
 
 /// The log filter when `RUST_LOG` is not set.
 pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,h2=warn,hyper=warn,tower=warn";
@@ -248,41 +250,4 @@ pub fn span_event(name: &'static str, attributes: Vec<(&'static str, Attr)>) {
         })
         .collect();
     tracing::Span::current().add_event(name, attributes);
-}
-
-/// Query parameters that carry a secret: libpq's passwords, and the API
-/// keys and tokens some services take in the URL.
-const SECRET_PARAMETERS: [&str; 9] =
-    ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
-
-/// A URL with its secrets replaced by `***`, for logs and printed
-/// configuration: the user-info password, and query parameters such as
-/// `password=` or `key=` alike.
-pub fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => match base[scheme + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
-            None => base.to_owned(),
-        },
-        _ => base.to_owned(),
-    };
-    match query {
-        None => base,
-        Some(query) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if SECRET_PARAMETERS.iter().any(|s| key.eq_ignore_ascii_case(s)) => {
-                        format!("{key}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", query.join("&"))
-        }
-    }
 }

@@ -55,6 +55,43 @@ impl<S> Layer<S> for ClientTraceLayer {
     }
 }
 
+/// A channel to the service `name` at `url`, connected on first use (so a
+/// service may start before the ones it calls), giving up on a connection
+/// attempt after 5 s.
+pub fn channel(name: &str, url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    use anyhow::Context as _;
+    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("{name} url `{url}`"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+/// The canonical name of a gRPC status code (`INVALID_ARGUMENT`), as
+/// metrics label it and logs print it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// A gRPC channel whose calls are traced and carry the trace context.
 pub type TracedChannel = Traced<tonic::transport::Channel>;
 

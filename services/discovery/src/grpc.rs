@@ -19,7 +19,6 @@ use crate::error::DiscoveryError;
 use crate::registry::Registry;
 use crate::render::{Format, render};
 use crate::watch_catalog::{self, WatchSlots};
-use agentmesh_server::new_request_id;
 
 /// The gRPC service.
 pub struct DiscoveryGrpc {
@@ -143,12 +142,7 @@ impl DiscoveryGrpc {
 const DISCOVERED_AT_TAG: u32 = 1;
 
 fn request_id<T>(request: &Request<T>) -> String {
-    request
-        .metadata()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map_or_else(new_request_id, str::to_owned)
+    agentmesh_server::call_request_id(request.metadata(), "")
 }
 
 fn health_from_pb(value: i32, field: &str) -> Result<Option<HealthStatus>, DiscoveryError> {

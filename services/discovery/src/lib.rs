@@ -18,7 +18,6 @@ pub mod snapshot;
 pub mod watch_catalog;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,65 +35,30 @@ pub use registry::Registry;
 /// Fully qualified gRPC name of the discovery service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.DiscoveryService";
 
-/// Configuration of the discovery service. `Debug` shows `database_url`
-/// without its password.
+/// Configuration of the discovery service: the `[discovery]` table
+/// (`Debug` shows `database_url` without its password).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default)]
 pub struct DiscoveryConfig {
-    /// Address serving gRPC and HTTP.
-    pub listen: SocketAddr,
-    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://…`.
-    pub database_url: String,
+    /// Where it listens, the registry's database, limits, health checks.
+    #[serde(flatten, skip_deserializing)]
+    pub service: ServiceSettings,
     /// Expected seconds between agent heartbeats; 3 missed → degraded, 6 → inactive.
     pub heartbeat_interval_secs: f64,
     /// Seconds a catalog snapshot is served before it is reloaded.
     pub cache_ttl_secs: f64,
-    /// Largest accepted request body (REST or gRPC), in bytes.
-    pub max_request_bytes: usize,
-    /// Seconds a request may take to be answered (a shorter `grpc-timeout` wins).
-    pub request_timeout_secs: f64,
-    /// Requests handled at once; more wait for a slot.
-    pub max_concurrent_requests: usize,
     /// `WatchCatalog` streams open at once; more are refused with `RESOURCE_EXHAUSTED`.
     pub max_watch_streams: usize,
 }
 
-impl std::fmt::Debug for DiscoveryConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Destructured so that a new field cannot be left out unnoticed.
-        let Self {
-            listen,
-            database_url,
-            heartbeat_interval_secs,
-            cache_ttl_secs,
-            max_request_bytes,
-            request_timeout_secs,
-            max_concurrent_requests,
-            max_watch_streams,
-        } = self;
-        f.debug_struct("DiscoveryConfig")
-            .field("listen", listen)
-            .field("database_url", &redact(database_url))
-            .field("heartbeat_interval_secs", heartbeat_interval_secs)
-            .field("cache_ttl_secs", cache_ttl_secs)
-            .field("max_request_bytes", max_request_bytes)
-            .field("request_timeout_secs", request_timeout_secs)
-            .field("max_concurrent_requests", max_concurrent_requests)
-            .field("max_watch_streams", max_watch_streams)
-            .finish()
-    }
-}
+agentmesh_server::flat_settings!(DiscoveryConfig { service });
 
 impl Default for DiscoveryConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
-            database_url: "sqlite://.agentmesh/agentmesh.db".to_owned(),
+            service: ServiceSettings { max_concurrent_requests: 10_000, ..ServiceSettings::on_port(7400) },
             heartbeat_interval_secs: 10.0,
             cache_ttl_secs: 30.0,
-            max_request_bytes: 1024 * 1024,
-            request_timeout_secs: 30.0,
-            max_concurrent_requests: 10_000,
             max_watch_streams: 256,
         }
     }
@@ -103,37 +67,15 @@ impl Default for DiscoveryConfig {
 impl DiscoveryConfig {
     /// Checks the values once at start-up.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.heartbeat_interval_secs.is_finite() && self.heartbeat_interval_secs >= 0.01,
-            "heartbeat_interval_secs must be at least 0.01, got {}",
-            self.heartbeat_interval_secs
-        );
+        self.service.validate()?;
+        agentmesh_server::check_min_secs("heartbeat_interval_secs", self.heartbeat_interval_secs, 0.01)?;
         anyhow::ensure!(
             self.cache_ttl_secs.is_finite() && self.cache_ttl_secs >= 0.0,
             "cache_ttl_secs must be zero or more, got {}",
             self.cache_ttl_secs
         );
-        agentmesh_server::check_limits(
-            self.request_timeout_secs,
-            self.max_concurrent_requests,
-            self.max_request_bytes,
-        )?;
         anyhow::ensure!(self.max_watch_streams >= 1, "max_watch_streams must be at least 1");
-        anyhow::ensure!(
-            self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
-            "database_url must start with sqlite: or postgres://, got `{}`",
-            redact(&self.database_url)
-        );
         Ok(())
-    }
-
-    /// The limits of the shared server stack.
-    pub fn limits(&self) -> agentmesh_server::Limits {
-        agentmesh_server::Limits {
-            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
-            max_concurrent_requests: self.max_concurrent_requests,
-            max_request_bytes: self.max_request_bytes,
-        }
     }
 
     fn policy(&self) -> HealthPolicy {
@@ -141,10 +83,9 @@ impl DiscoveryConfig {
     }
 }
 
-/// Binds `config.listen` and serves until `shutdown` resolves.
+/// Binds `listen` and serves until `shutdown` resolves.
 pub async fn serve(config: DiscoveryConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener = agentmesh_server::net::listen(config.listen)
-        .with_context(|| format!("binding discovery to {}", config.listen))?;
+    let listener = agentmesh_server::service::bind("discovery", config.service.listen)?;
     serve_with_listener(config, listener, shutdown).await
 }
 
@@ -155,9 +96,9 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let store = agentmesh_store::connect(&config.database_url)
+    let store = agentmesh_store::connect(&config.service.database_url)
         .await
-        .with_context(|| format!("opening the agent store at {}", redact(&config.database_url)))?;
+        .with_context(|| format!("opening the agent store at {}", redact(&config.service.database_url)))?;
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let registry = Arc::new(Registry::new(
         store.clone(),
@@ -166,7 +107,7 @@ pub async fn serve_with_listener(
         metrics,
     ));
     let (stop_tx, stop_rx) = watch::channel(false);
-    registry.spawn_background(stop_rx.clone());
+    registry.spawn_background(stop_rx.clone(), config.service.health_check_interval());
     let app = router(registry.clone(), &config, stop_rx).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "discovery listening (gRPC and HTTP)");
     agentmesh_server::serve("discovery", listener, app, async move {
@@ -192,11 +133,11 @@ async fn router(
 
     let discovery = Arc::new(grpc::DiscoveryGrpc::new(registry.clone(), config.max_watch_streams));
     let server =
-        DiscoveryServiceServer::from_arc(discovery.clone()).max_decoding_message_size(config.max_request_bytes);
+        DiscoveryServiceServer::from_arc(discovery.clone()).max_decoding_message_size(config.service.max_request_bytes);
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .route_service(encoded::PATH, encoded::ListCapabilitiesRoute(discovery));
-    let rest = rest::router(rest::RestState { registry, max_body_bytes: config.max_request_bytes });
-    Ok(agentmesh_server::stack(rest, grpc, &config.limits()))
+    let rest = rest::router(rest::RestState { registry, max_body_bytes: config.service.max_request_bytes });
+    Ok(agentmesh_server::stack(rest, grpc, &config.service.limits()))
 }
 
 async fn mirror_store_health(
@@ -215,7 +156,8 @@ async fn mirror_store_health(
     }
 }
 
-pub use agentmesh_server::redact;
+pub use agentmesh_server::ServiceSettings;
+use agentmesh_server::redact;
 
 #[cfg(test)]
 mod tests {
@@ -223,10 +165,8 @@ mod tests {
 
     #[test]
     fn debug_hides_the_database_password() {
-        let config = DiscoveryConfig {
-            database_url: "postgres://agentmesh:hunter2@db.internal/agentmesh?password=hunter3".into(),
-            ..DiscoveryConfig::default()
-        };
+        let mut config = DiscoveryConfig::default();
+        config.service.database_url = "postgres://agentmesh:hunter2@db.internal/agentmesh?password=hunter3".into();
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter"), "{shown}");
         assert!(shown.contains("postgres://agentmesh:***@db.internal/agentmesh?password=***"), "{shown}");

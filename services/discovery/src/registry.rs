@@ -215,14 +215,15 @@ impl Registry {
         self.events.subscribe()
     }
 
-    /// Starts the background tasks; they stop when `shutdown` resolves.
-    pub fn spawn_background(self: &Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// Starts the background tasks, checking the store every
+    /// `store_check_interval`; they stop when `shutdown` resolves.
+    pub fn spawn_background(self: &Arc<Self>, shutdown: watch::Receiver<bool>, store_check_interval: Duration) {
         tokio::spawn(self.clone().follow_changes(shutdown.clone()));
-        tokio::spawn(self.clone().watch_store(shutdown));
+        tokio::spawn(self.clone().watch_store(shutdown, store_check_interval));
     }
 
-    async fn watch_store(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
+    async fn watch_store(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, interval: Duration) {
+        let mut tick = tokio::time::interval(interval);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -324,14 +325,16 @@ impl Registry {
                     // is taken out of the snapshot below.
                     self.metrics.corrupt_rows.inc_by(u64::try_from(loaded.corrupt.len()).unwrap_or(u64::MAX));
                     fetched = loaded.agents.into_iter().map(|a| (a.id().to_owned(), a)).collect();
+                    // Read back but gone: removed again since (its notification follows).
+                    removals.extend(need.iter().filter(|id| !fetched.contains_key(*id)).cloned());
                 }
                 Err(e) => {
+                    // Kept as they are: a snapshot served while the database
+                    // is down must not lose the agents it could not re-read.
                     tracing::warn!(error = %e, agents = need.len(), "could not read changed agents; reloading the catalog");
                     self.cache.invalidate();
                 }
             }
-            // Read back but gone: removed again since (its notification follows).
-            removals.extend(need.iter().filter(|id| !fetched.contains_key(*id)).cloned());
         }
         if !fetched.is_empty() || !removals.is_empty() {
             self.cache.apply_batch(fetched.values().cloned().collect(), removals);

@@ -25,7 +25,7 @@ async fn a_corrupt_agent_is_skipped_and_counted(backend: Backend) {
     }
 
     // A replica starting now loads the whole catalog from the database.
-    let config = DiscoveryConfig { database_url: ctx.db.url.clone(), ..DiscoveryConfig::default() };
+    let config = DiscoveryConfig::with_database_url(ctx.db.url.clone());
     let fresh = spawn_discovery(config).await.unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
     let get = async |path: &str| {
         let response =

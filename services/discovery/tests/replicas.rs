@@ -32,7 +32,7 @@ fn host_and_port(url: &str) -> String {
 }
 
 async fn replica(db: &TestDatabase) -> Ctx {
-    let config = DiscoveryConfig { database_url: db.url.clone(), ..DiscoveryConfig::default() };
+    let config = DiscoveryConfig::with_database_url(db.url.clone());
     let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("{e:#}"));
     Ctx { svc, http: agentmesh_testkit::http_client(), db: TestDatabase::sqlite() }
 }
@@ -81,7 +81,7 @@ async fn an_unreachable_database_serves_the_last_snapshot_and_reports_unhealthy(
         .unwrap_or_else(|| panic!("cannot resolve {authority}"));
     let proxy = TcpProxy::start(target).await.unwrap_or_else(|e| panic!("{e}"));
     let url = db.url.replacen(&authority, &proxy.addr.to_string(), 1);
-    let config = DiscoveryConfig { database_url: url, cache_ttl_secs: 0.0, ..DiscoveryConfig::default() };
+    let config = DiscoveryConfig { cache_ttl_secs: 0.0, ..DiscoveryConfig::with_database_url(url) };
     let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("{e:#}"));
     let ctx = Ctx { svc, http: agentmesh_testkit::http_client(), db };
     ctx.register_catalog().await;

@@ -16,15 +16,15 @@ pub mod service;
 pub mod transport;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_core::execution::ExecutionOptions;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_proto::v1::discovery_service_server::SERVICE_NAME as DISCOVERY_SERVICE;
 use agentmesh_proto::v1::executor_service_server::ExecutorServiceServer;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
-use agentmesh_server::{Dependency, HealthChecker};
+use agentmesh_server::Dependency;
 use agentmesh_telemetry::rpc::traced;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -33,19 +33,22 @@ use tokio::sync::watch;
 
 pub use error::ExecutorError;
 
+pub use agentmesh_server::ServiceSettings;
+
 /// Fully qualified gRPC name of the executor service (for health checks).
 pub const SERVICE_NAME: &str = "agentmesh.v1.ExecutorService";
 
-/// Configuration of the executor. `Debug` shows the URLs without their
-/// passwords.
+/// Configuration of the executor: the `[executor]` table (`Debug` shows
+/// the URLs without their passwords).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default)]
 pub struct ExecutorConfig {
-    /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
-    pub listen: SocketAddr,
-    /// Where executions and their events are stored (`sqlite://…` or
-    /// `postgres://…`); replicas sharing a PostgreSQL database share the work.
-    pub database_url: String,
+    /// Where it listens, where executions and their events are stored
+    /// (replicas sharing a PostgreSQL database share the work), limits
+    /// (`request_timeout_secs` bounds unary calls; streams run as long as
+    /// their execution), health checks.
+    #[serde(flatten, skip_deserializing)]
+    pub service: ServiceSettings,
     /// Discovery's address: every agent address comes from there.
     pub discovery_url: String,
     /// The planner's address, for loop-back (collaboration requests); none:
@@ -65,8 +68,6 @@ pub struct ExecutorConfig {
     pub max_concurrent_executions: usize,
     /// Most steps in a plan.
     pub max_steps_per_plan: usize,
-    /// Largest request accepted, in bytes.
-    pub max_request_bytes: usize,
     /// Largest agent answer accepted, in bytes; larger answers fail the step.
     pub max_output_bytes: usize,
     /// Milliseconds before the first retry (doubling each time, jittered).
@@ -89,77 +90,18 @@ pub struct ExecutorConfig {
     /// Networks allowed even when denied above.
     #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub egress_allow: Vec<String>,
-    /// Seconds a unary call may take (streams run as long as their execution).
-    pub request_timeout_secs: f64,
-    /// Calls handled at once.
-    pub max_concurrent_requests: usize,
-    /// Seconds between checks of the store and discovery for health.
-    pub health_check_interval_secs: f64,
 }
 
-impl std::fmt::Debug for ExecutorConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Destructured so that a new field cannot be left out unnoticed.
-        let Self {
-            listen,
-            database_url,
-            discovery_url,
-            planner_url,
-            max_concurrency,
-            step_timeout_ms,
-            max_retries,
-            replan_budget,
-            max_concurrent_steps,
-            max_concurrent_executions,
-            max_steps_per_plan,
-            max_request_bytes,
-            max_output_bytes,
-            retry_base_ms,
-            retry_max_ms,
-            circuit_failure_threshold,
-            circuit_open_secs,
-            lease_secs,
-            retention_hours,
-            egress_deny,
-            egress_allow,
-            request_timeout_secs,
-            max_concurrent_requests,
-            health_check_interval_secs,
-        } = self;
-        f.debug_struct("ExecutorConfig")
-            .field("listen", listen)
-            .field("database_url", &agentmesh_server::redact(database_url))
-            .field("discovery_url", &agentmesh_server::redact(discovery_url))
-            .field("planner_url", &planner_url.as_deref().map(agentmesh_server::redact))
-            .field("max_concurrency", max_concurrency)
-            .field("step_timeout_ms", step_timeout_ms)
-            .field("max_retries", max_retries)
-            .field("replan_budget", replan_budget)
-            .field("max_concurrent_steps", max_concurrent_steps)
-            .field("max_concurrent_executions", max_concurrent_executions)
-            .field("max_steps_per_plan", max_steps_per_plan)
-            .field("max_request_bytes", max_request_bytes)
-            .field("max_output_bytes", max_output_bytes)
-            .field("retry_base_ms", retry_base_ms)
-            .field("retry_max_ms", retry_max_ms)
-            .field("circuit_failure_threshold", circuit_failure_threshold)
-            .field("circuit_open_secs", circuit_open_secs)
-            .field("lease_secs", lease_secs)
-            .field("retention_hours", retention_hours)
-            .field("egress_deny", egress_deny)
-            .field("egress_allow", egress_allow)
-            .field("request_timeout_secs", request_timeout_secs)
-            .field("max_concurrent_requests", max_concurrent_requests)
-            .field("health_check_interval_secs", health_check_interval_secs)
-            .finish()
-    }
-}
+agentmesh_server::flat_settings!(ExecutorConfig { service });
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7402)),
-            database_url: "sqlite://.agentmesh/agentmesh.db".into(),
+            service: ServiceSettings {
+                max_request_bytes: 8 * 1024 * 1024,
+                max_concurrent_requests: 10_000,
+                ..ServiceSettings::on_port(7402)
+            },
             discovery_url: "http://127.0.0.1:7400".into(),
             planner_url: None,
             max_concurrency: 16,
@@ -169,7 +111,6 @@ impl Default for ExecutorConfig {
             max_concurrent_steps: 1024,
             max_concurrent_executions: 1000,
             max_steps_per_plan: 10_000,
-            max_request_bytes: 8 * 1024 * 1024,
             max_output_bytes: 1024 * 1024,
             retry_base_ms: 100,
             retry_max_ms: 30_000,
@@ -179,9 +120,6 @@ impl Default for ExecutorConfig {
             retention_hours: 24 * 7,
             egress_deny: egress::DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect(),
             egress_allow: Vec::new(),
-            request_timeout_secs: 30.0,
-            max_concurrent_requests: 10_000,
-            health_check_interval_secs: 2.0,
         }
     }
 }
@@ -189,6 +127,7 @@ impl Default for ExecutorConfig {
 impl ExecutorConfig {
     /// Checks the values once at start-up.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.service.validate()?;
         agentmesh_server::check_service_url("discovery_url", &self.discovery_url)?;
         if let Some(planner) = &self.planner_url {
             agentmesh_server::check_service_url("planner_url", planner)?;
@@ -198,32 +137,11 @@ impl ExecutorConfig {
         anyhow::ensure!(self.max_concurrent_steps >= 1, "max_concurrent_steps must be at least 1");
         anyhow::ensure!(self.max_concurrent_executions >= 1, "max_concurrent_executions must be at least 1");
         anyhow::ensure!(self.max_steps_per_plan >= 1, "max_steps_per_plan must be at least 1");
-        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
         anyhow::ensure!(self.max_output_bytes >= 1024, "max_output_bytes must be at least 1024");
-        for (name, value, min) in [
-            ("circuit_open_secs", self.circuit_open_secs, 0.001),
-            ("lease_secs", self.lease_secs, 0.1),
-            ("request_timeout_secs", self.request_timeout_secs, 0.001),
-            ("health_check_interval_secs", self.health_check_interval_secs, 0.05),
-        ] {
-            anyhow::ensure!(value.is_finite() && value >= min, "{name} must be at least {min}, got {value}");
-        }
-        anyhow::ensure!(
-            self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
-            "database_url must start with sqlite: or postgres://, got `{}`",
-            agentmesh_server::redact(&self.database_url)
-        );
+        agentmesh_server::check_min_secs("circuit_open_secs", self.circuit_open_secs, 0.001)?;
+        agentmesh_server::check_min_secs("lease_secs", self.lease_secs, 0.1)?;
         egress::Egress::new(&self.egress_deny, &self.egress_allow).map_err(|e| anyhow::anyhow!("egress: {e}"))?;
         Ok(())
-    }
-
-    /// The limits of the shared server stack.
-    pub fn limits(&self) -> agentmesh_server::Limits {
-        agentmesh_server::Limits {
-            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
-            max_concurrent_requests: self.max_concurrent_requests,
-            max_request_bytes: self.max_request_bytes,
-        }
     }
 
     fn settings(&self) -> engine::Settings {
@@ -246,18 +164,9 @@ impl ExecutorConfig {
     }
 }
 
-fn channel(url: &str, what: &str) -> anyhow::Result<tonic::transport::Channel> {
-    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("{what} url `{url}`"))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect_lazy())
-}
-
-/// Binds `config.listen` and serves until `shutdown` resolves.
+/// Binds `listen` and serves until `shutdown` resolves.
 pub async fn serve(config: ExecutorConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let listener = agentmesh_server::net::listen(config.listen)
-        .with_context(|| format!("binding the executor to {}", config.listen))?;
+    let listener = agentmesh_server::service::bind("the executor", config.service.listen)?;
     serve_with_listener(config, listener, shutdown).await
 }
 
@@ -268,13 +177,13 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let store = agentmesh_store::connect_executions(&config.database_url).await.with_context(|| {
-        format!("opening the execution store at {}", agentmesh_server::redact(&config.database_url))
+    let store = agentmesh_store::connect_executions(&config.service.database_url).await.with_context(|| {
+        format!("opening the execution store at {}", agentmesh_server::redact(&config.service.database_url))
     })?;
-    let discovery_channel = channel(&config.discovery_url, "discovery")?;
+    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url)?;
     let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced(discovery_channel.clone()))));
     let planner = match &config.planner_url {
-        Some(url) => Some(PlannerServiceClient::new(traced(channel(url, "planner")?))),
+        Some(url) => Some(PlannerServiceClient::new(traced(agentmesh_telemetry::rpc::channel("planner", url)?))),
         None => None,
     };
     let egress = Arc::new(egress::Egress::new(&config.egress_deny, &config.egress_allow).map_err(anyhow::Error::msg)?);
@@ -300,44 +209,18 @@ pub async fn serve_with_listener(
     catalog.spawn_watch(stop_rx.clone());
     let leases = engine::ownership::spawn(&engine, stop_rx.clone());
 
-    let (health_reporter, health_service) = agentmesh_server::grpc::health();
-    let interval = Duration::from_secs_f64(config.health_check_interval_secs);
-    let pinged = store.clone();
-    let readiness = HealthChecker::every(
-        SERVICE_NAME,
-        interval,
-        health_reporter,
-        vec![
-            Dependency::ping("store", move || {
-                let store = pinged.clone();
-                async move { store.ping().await }
-            }),
-            Dependency::grpc(
-                "discovery",
-                agentmesh_proto::v1::discovery_service_server::SERVICE_NAME,
-                discovery_channel,
-            ),
-        ],
-    )
-    .spawn(stop_rx.clone())
-    .await;
-
     let service = service::ExecutorGrpc { engine, max_steps: config.max_steps_per_plan };
-    let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.max_request_bytes);
-    let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?;
-    let render: agentmesh_server::probes::RenderMetrics = Arc::new(move || metrics.render());
-    let app = agentmesh_server::stack(agentmesh_server::probes::router(render, readiness), grpc, &config.limits());
-    tracing::info!(
-        addr = %listener.local_addr()?,
-        backend = store.backend(),
-        replica = %owner,
-        "executor listening (gRPC and HTTP)"
-    );
-    agentmesh_server::serve("executor", listener, app, async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    })
-    .await?;
+    let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
+    tracing::info!(backend = store.backend(), replica = %owner, "executor replica {owner} on {}", store.backend());
+    agentmesh_server::Service::new("executor", SERVICE_NAME, tonic::service::Routes::new(server))
+        .metrics(move || metrics.render())
+        .depends_on(vec![
+            Dependency::store(store, |store| async move { store.ping().await }),
+            Dependency::grpc("discovery", DISCOVERY_SERVICE, discovery_channel),
+        ])
+        .stop_with(stop_tx)
+        .serve(&config.service, listener, shutdown)
+        .await?;
     // Let the lease keeper store what is queued and hand the executions on.
     if tokio::time::timeout(Duration::from_secs(10), leases).await.is_err() {
         tracing::warn!("executions were not handed on within 10 s; their leases expire on their own");
@@ -353,9 +236,8 @@ mod tests {
     #[test]
     fn debug_hides_passwords_in_urls() {
         let config = ExecutorConfig {
-            database_url: "postgres://executor:hunter2@db.internal/agentmesh".into(),
             planner_url: Some("http://planner:hunter3@planner.internal:7401".into()),
-            ..ExecutorConfig::default()
+            ..ExecutorConfig::with_database_url("postgres://executor:hunter2@db.internal/agentmesh")
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter"), "{shown}");

@@ -90,7 +90,7 @@ impl ExecutorGrpc {
         if options.step_timeout_ms > 24 * 3600 * 1000 {
             return Err(invalid("options.step_timeout_ms", "at most 86400000 (a day)"));
         }
-        let request_id = if r.request_id.is_empty() { agentmesh_server::new_request_id() } else { r.request_id };
+        let request_id = r.request_id;
         Ok(Accepted {
             id,
             spec: ExecutionSpec {
@@ -114,7 +114,8 @@ impl ExecutorService for ExecutorGrpc {
     type ExtendExecutionStream = EventStream<pb::ExtendExecutionResponse>;
 
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
-        let accepted = self.accept(request.into_inner())?;
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
         let id = accepted.id.clone();
         tracing::info!(
             operation = "execute",

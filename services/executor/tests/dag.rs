@@ -460,7 +460,7 @@ async fn executions_are_listed_newest_first_by_status_and_request(backend: Backe
 async fn limits_refuse_with_the_setting_to_change(backend: Backend) {
     let Some(mesh) = Mesh::start_with(backend, |c| {
         c.max_concurrent_executions = 1;
-        c.max_request_bytes = 4096;
+        c.service.max_request_bytes = 4096;
     })
     .await
     else {

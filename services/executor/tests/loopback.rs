@@ -42,11 +42,13 @@ async fn setup(
     let planner_db = agentmesh_testkit::TestDatabase::sqlite();
     let config = PlannerConfig {
         discovery_url: mesh.discovery.url(),
-        database_url: planner_db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(planner_db.url.clone())
     };
     tokio::spawn(async move {
         let _planner_db = planner_db;

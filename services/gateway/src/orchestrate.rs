@@ -14,6 +14,7 @@ use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
 use agentmesh_proto::v1::synthesis_service_client::SynthesisServiceClient;
 use agentmesh_telemetry::rpc::TracedChannel;
+use agentmesh_telemetry::rpc::code_name;
 use pb::orchestrate_response::Event;
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
@@ -47,29 +48,6 @@ enum Stop {
 impl Stop {
     fn failed(service: &'static str) -> impl FnOnce(Status) -> Self {
         move |status| Self::Failed { service, status }
-    }
-}
-
-/// The canonical name of a gRPC code (`UNAVAILABLE`, …).
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

@@ -24,8 +24,9 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::json;
-use crate::orchestrate::code_name;
 use crate::service::Shared;
+use agentmesh_server::RequestId;
+use agentmesh_telemetry::rpc::code_name;
 
 /// The request body.
 #[derive(Debug, Default, Deserialize)]
@@ -154,9 +155,13 @@ fn error(status: StatusCode, code: &str, message: &str, details: Option<Value>, 
 }
 
 /// The handler.
-pub async fn orchestrate(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    let header_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let request_id = header_id.clone().unwrap_or_default();
+pub async fn orchestrate(
+    State(shared): State<Arc<Shared>>,
+    request_id: RequestId,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let RequestId(request_id) = request_id;
     let parsed: Body = match serde_json::from_slice::<Value>(&body) {
         Err(e) => {
             return error(
@@ -209,7 +214,11 @@ pub async fn orchestrate(State(shared): State<Arc<Shared>>, headers: HeaderMap, 
         Ok(request) => request,
         Err(message) => return error(StatusCode::BAD_REQUEST, "validation_failed", &message, None, &request_id),
     };
-    let started = match shared.start(request, None, header_id).await {
+    let request = pb::OrchestrateRequest {
+        request_id: if request.request_id.is_empty() { request_id.clone() } else { request.request_id },
+        ..request
+    };
+    let started = match shared.start(request, None).await {
         Ok(started) => started,
         Err(status) => {
             let code = code_name(status.code());

@@ -122,10 +122,6 @@ pub struct Started {
     pub messages: mpsc::Receiver<pb::OrchestrateResponse>,
 }
 
-fn new_request_id() -> String {
-    format!("req_{:016x}", rand::random::<u64>())
-}
-
 impl Shared {
     /// Checks `request` and starts its orchestration in the background; it
     /// stops when the receiver of its messages is dropped.
@@ -133,7 +129,6 @@ impl Shared {
         &self,
         mut request: pb::OrchestrateRequest,
         client_timeout: Option<Duration>,
-        fallback_request_id: Option<String>,
     ) -> Result<Started, Status> {
         if request.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
@@ -146,7 +141,8 @@ impl Shared {
             )));
         }
         if request.request_id.is_empty() {
-            request.request_id = fallback_request_id.unwrap_or_else(new_request_id);
+            // Callers pass the id the stack gave the call; this is for callers without one.
+            request.request_id = agentmesh_server::new_request_id();
         }
         if self.known(&request.request_id).await {
             return Err(Status::already_exists(format!(
@@ -188,22 +184,6 @@ pub struct GatewayGrpc {
     pub shared: Arc<Shared>,
 }
 
-/// `grpc-timeout` of a request, when it has one.
-fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 type Messages = Pin<Box<dyn Stream<Item = Result<pb::OrchestrateResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -214,9 +194,9 @@ impl GatewayService for GatewayGrpc {
         &self,
         request: Request<pb::OrchestrateRequest>,
     ) -> Result<Response<Self::OrchestrateStream>, Status> {
-        let timeout = grpc_timeout(request.metadata());
-        let header_id = request.metadata().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let started = self.shared.start(request.into_inner(), timeout, header_id).await?;
+        let timeout = agentmesh_server::call_timeout(request.metadata());
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let started = self.shared.start(pb::OrchestrateRequest { request_id, ..request.into_inner() }, timeout).await?;
         let stream: Messages = Box::pin(ReceiverStream::new(started.messages).map(Ok));
         let mut response = Response::new(stream);
         if let Ok(value) = started.request_id.parse() {
@@ -226,23 +206,5 @@ impl GatewayService for GatewayGrpc {
             response.metadata_mut().insert("x-trace-id", value);
         }
         Ok(response)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::grpc_timeout;
-    use std::time::Duration;
-
-    #[test]
-    fn grpc_timeouts_are_read() {
-        let mut m = tonic::metadata::MetadataMap::new();
-        assert_eq!(grpc_timeout(&m), None);
-        m.insert("grpc-timeout", "1500m".parse().unwrap());
-        assert_eq!(grpc_timeout(&m), Some(Duration::from_millis(1500)));
-        m.insert("grpc-timeout", "2S".parse().unwrap());
-        assert_eq!(grpc_timeout(&m), Some(Duration::from_secs(2)));
-        m.insert("grpc-timeout", "x".parse().unwrap());
-        assert_eq!(grpc_timeout(&m), None);
     }
 }

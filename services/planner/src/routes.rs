@@ -39,31 +39,8 @@ pub async fn observe_rpc(State(metrics): State<Arc<Metrics>>, request: Request, 
         .and_then(|v| v.parse::<i32>().ok())
         .map_or(Code::Ok, Code::from_i32);
     metrics.request_duration.with_label_values(&[rpc]).observe(started.elapsed().as_secs_f64());
-    metrics.requests.with_label_values(&[rpc, code_name(code)]).inc();
+    metrics.requests.with_label_values(&[rpc, agentmesh_telemetry::rpc::code_name(code)]).inc();
     response
-}
-
-/// The canonical name of a gRPC status code.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
 }
 
 #[cfg(test)]

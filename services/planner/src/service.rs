@@ -32,10 +32,6 @@ pub struct PlannerGrpc {
     pub(crate) max_query_chars: usize,
 }
 
-fn new_request_id() -> String {
-    format!("req_{:016x}", rand::random::<u64>())
-}
-
 fn kind_name(kind: InteractionKind) -> &'static str {
     match kind {
         InteractionKind::Preselection => "preselection",
@@ -142,8 +138,8 @@ impl PlannerService for PlannerGrpc {
         request: Request<pb::CreatePlanRequest>,
     ) -> Result<Response<pb::CreatePlanResponse>, Status> {
         let started = Instant::now();
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
         let r = request.into_inner();
-        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
         if r.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
         }
@@ -203,8 +199,8 @@ impl PlannerService for PlannerGrpc {
 
     async fn replan(&self, request: Request<pb::ReplanRequest>) -> Result<Response<pb::ReplanResponse>, Status> {
         let started = Instant::now();
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
         let r = request.into_inner();
-        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
         let Some(collab) = r.collaboration else {
             return Err(Status::invalid_argument("collaboration is required"));
         };

@@ -90,8 +90,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 async fn a_recovered_hallucination_is_counted_and_reported_as_span_events() {
     captured();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register_weather(&discovery.url()).await;
     let llm = ScriptedLlmServer::start(vec![
         plan_with("time-tool-v1", "get_time", json!({"timezone": "UTC"})),
@@ -101,11 +100,13 @@ async fn a_recovered_hallucination_is_counted_and_reported_as_span_events() {
     .unwrap();
     let (addr, planner) = spawn_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
     let mut client = PlannerServiceClient::connect(format!("http://{addr}")).await.unwrap();
@@ -171,8 +172,7 @@ async fn a_recovered_hallucination_is_counted_and_reported_as_span_events() {
 async fn a_model_that_keeps_inventing_counts_as_unrecoverable() {
     captured();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register_weather(&discovery.url()).await;
     let llm = ScriptedLlmServer::start(vec![
         plan_with("time-tool-v1", "get_time", json!({})),
@@ -182,11 +182,13 @@ async fn a_model_that_keeps_inventing_counts_as_unrecoverable() {
     .unwrap();
     let (addr, planner) = spawn_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
     let mut client = PlannerServiceClient::connect(format!("http://{addr}")).await.unwrap();
@@ -258,15 +260,20 @@ async fn wait_for(addr: SocketAddr, want: ServingStatus) {
 async fn health_follows_discovery() {
     captured();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     let proxy = TcpProxy::start(discovery.addr).await.unwrap();
     let (addr, planner) = spawn_planner(PlannerConfig {
         discovery_url: format!("http://{}", proxy.addr),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some("http://127.0.0.1:9".into()),
-        health_check_interval_secs: 0.1,
+        service: agentmesh_planner::ServiceSettings {
+            database_url: db.url.clone(),
+            health_check_interval_secs: 0.1,
+            ..PlannerConfig::default().service
+        },
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some("http://127.0.0.1:9".into()),
+            ..PlannerConfig::default().llm
+        },
         ..Default::default()
     })
     .await;
@@ -299,9 +306,7 @@ async fn health_follows_the_interaction_store() {
     captured();
     let Some(db) = TestDatabase::postgres().await else { return };
     let discovery_db = TestDatabase::sqlite();
-    let discovery = spawn_discovery(DiscoveryConfig { database_url: discovery_db.url.clone(), ..Default::default() })
-        .await
-        .unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(discovery_db.url.clone())).await.unwrap();
     let url = url::Url::parse(&db.url).unwrap();
     let target = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432));
     let proxy = TcpProxy::start(tokio::net::lookup_host(target).await.unwrap().next().unwrap()).await.unwrap();
@@ -310,10 +315,16 @@ async fn health_follows_the_interaction_store() {
     proxied.set_port(Some(proxy.addr.port())).unwrap();
     let (addr, planner) = spawn_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: proxied.to_string(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some("http://127.0.0.1:9".into()),
-        health_check_interval_secs: 0.1,
+        service: agentmesh_planner::ServiceSettings {
+            database_url: proxied.to_string(),
+            health_check_interval_secs: 0.1,
+            ..PlannerConfig::default().service
+        },
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some("http://127.0.0.1:9".into()),
+            ..PlannerConfig::default().llm
+        },
         ..Default::default()
     })
     .await;
@@ -337,15 +348,20 @@ async fn health_follows_the_interaction_store() {
 async fn a_peer_that_is_not_discovery_is_named_as_such() {
     captured();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     let llm = ScriptedLlmServer::start(Vec::new()).await.unwrap();
     let config = |discovery_url: String| PlannerConfig {
         discovery_url,
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        health_check_interval_secs: 0.1,
+        service: agentmesh_planner::ServiceSettings {
+            database_url: db.url.clone(),
+            health_check_interval_secs: 0.1,
+            ..PlannerConfig::default().service
+        },
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            ..PlannerConfig::default().llm
+        },
         ..Default::default()
     };
     let (first, first_task) = spawn_planner(config(discovery.url())).await;
@@ -392,16 +408,17 @@ async fn a_peer_that_is_not_discovery_is_named_as_such() {
 async fn a_failed_llm_call_is_recorded_with_its_error() {
     captured();
     let db = TestDatabase::sqlite();
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register_weather(&discovery.url()).await;
     let (addr, planner) = spawn_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some("http://127.0.0.1:9".into()),
-        llm_retries: 0,
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some("http://127.0.0.1:9".into()),
+            llm_retries: 0,
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
     let mut client = PlannerServiceClient::connect(format!("http://{addr}")).await.unwrap();

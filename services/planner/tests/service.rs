@@ -29,8 +29,7 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities_postgr
 /// Discovery and the interaction log share the database under test.
 async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backend: Backend) {
     let Some(db) = TestDatabase::new(backend).await else { return };
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register(
         &discovery.url(),
         json!({"id": "my-orchestrator", "base_url": "http://o:1", "skills": [
@@ -65,12 +64,14 @@ async fn plans_over_discovery_without_the_caller_or_internal_capabilities(backen
 
     let (planner, mut client) = start_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
         self_agent_ids: vec!["my-orchestrator".into()],
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
 
@@ -178,9 +179,8 @@ async fn degraded_agents_are_offered_and_inactive_ones_are_named_in_a_zero_step_
     let Some(db) = TestDatabase::new(Backend::Sqlite).await else { return };
     // Degraded after 3 missed intervals (1.5 s), inactive after 6 (3 s).
     let discovery = spawn_discovery(DiscoveryConfig {
-        database_url: db.url.clone(),
         heartbeat_interval_secs: 0.5,
-        ..Default::default()
+        ..DiscoveryConfig::with_database_url(db.url.clone())
     })
     .await
     .unwrap();
@@ -210,11 +210,13 @@ async fn degraded_agents_are_offered_and_inactive_ones_are_named_in_a_zero_step_
     .unwrap();
     let (planner, mut client) = start_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
     let response = client
@@ -236,8 +238,7 @@ async fn degraded_agents_are_offered_and_inactive_ones_are_named_in_a_zero_step_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_names_the_provider_that_answered_and_long_queries_are_refused() {
     let Some(db) = TestDatabase::new(Backend::Sqlite).await else { return };
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register(&discovery.url(), json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
         {"id": "get_current_weather", "description": "Current weather for a location",
          "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}]})).await;
@@ -255,13 +256,15 @@ async fn the_log_names_the_provider_that_answered_and_long_queries_are_refused()
     .unwrap();
     let (planner, mut client) = start_planner(PlannerConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "anthropic:sonnet,openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        llm_retries: 0,
         max_query_chars: 100,
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: "anthropic:sonnet,openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            llm_retries: 0,
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(db.url.clone())
     })
     .await;
     let response = client

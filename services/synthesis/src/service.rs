@@ -42,10 +42,6 @@ pub struct SynthesisGrpc {
     pub(crate) inner: Arc<Inner>,
 }
 
-fn new_request_id() -> String {
-    format!("req_{:016x}", rand::random::<u64>())
-}
-
 fn effort(value: i32) -> Option<ReasoningEffort> {
     match pb::ReasoningEffort::try_from(value).unwrap_or_default() {
         pb::ReasoningEffort::Unspecified => None,
@@ -381,13 +377,13 @@ impl SynthesisService for SynthesisGrpc {
         request: Request<pb::SynthesizeRequest>,
     ) -> Result<Response<Self::SynthesizeStream>, Status> {
         let started = Instant::now();
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {
             inner.finish("Synthesize", started, Err(&status));
             return Err(status);
         }
-        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
         let outcome = run_outcome(&r.query, r.plan.as_ref(), &r.results, &r.zero_step_reason);
         let fence = Fence::with_nonce(&format!("{:016x}", rand::random::<u64>()));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -418,13 +414,13 @@ impl SynthesisService for SynthesisGrpc {
 
     async fn review(&self, request: Request<pb::ReviewRequest>) -> Result<Response<pb::ReviewResponse>, Status> {
         let started = Instant::now();
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {
             inner.finish("Review", started, Err(&status));
             return Err(status);
         }
-        let request_id = if r.request_id.is_empty() { new_request_id() } else { r.request_id.clone() };
         let span = tracing::info_span!("review", request_id = %request_id, operation = "review");
         let result = inner.review(r, &request_id).instrument(span).await;
         inner.finish("Review", started, result.as_ref().map(|_| ()));

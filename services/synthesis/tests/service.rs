@@ -33,8 +33,7 @@ struct Mesh {
 /// answering `replies`, and synthesis in front of them.
 async fn mesh(backend: Backend, replies: Vec<ScriptedReply>) -> Option<Mesh> {
     let db = TestDatabase::new(backend).await?;
-    let discovery =
-        spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() }).await.unwrap();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register(
         &discovery.url(),
         json!({"id": "weather-tool-v2", "base_url": "http://w:1", "skills": [
@@ -50,12 +49,14 @@ async fn mesh(backend: Backend, replies: Vec<ScriptedReply>) -> Option<Mesh> {
     let llm = ScriptedLlmServer::start(replies).await.unwrap();
     let config = SynthesisConfig {
         discovery_url: discovery.url(),
-        database_url: db.url.clone(),
-        llm: "openai:scripted-model".into(),
-        llm_base_url: Some(llm.url()),
-        llm_structured: "json_schema".into(),
-        llm_retries: 0,
-        ..Default::default()
+        llm: agentmesh_synthesis::LlmSettings {
+            llm: "openai:scripted-model".into(),
+            llm_base_url: Some(llm.url()),
+            llm_structured: "json_schema".into(),
+            llm_retries: 0,
+            ..SynthesisConfig::default().llm
+        },
+        ..SynthesisConfig::with_database_url(db.url.clone())
     };
     let listener = bind_local().await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -246,7 +246,10 @@ async fn serve_child(database_url: String, cache_ttl_secs: f64, otlp_endpoint: O
     )?;
     let listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
-    let config = agentmesh_discovery::DiscoveryConfig { database_url, cache_ttl_secs, ..Default::default() };
+    let config = agentmesh_discovery::DiscoveryConfig {
+        cache_ttl_secs,
+        ..agentmesh_discovery::DiscoveryConfig::with_database_url(database_url)
+    };
     let served = agentmesh_discovery::serve_with_listener(config, listener, async {
         let mut sink = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut sink).await;

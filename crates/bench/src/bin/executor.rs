@@ -88,17 +88,16 @@ async fn mesh(database_url: String) -> anyhow::Result<()> {
         }
     };
     let discovery = agentmesh_discovery::serve_with_listener(
-        agentmesh_discovery::DiscoveryConfig { database_url: database_url.clone(), ..Default::default() },
+        agentmesh_discovery::DiscoveryConfig::with_database_url(database_url.clone()),
         discovery_listener,
         until(),
     );
     let executor = agentmesh_executor::serve_with_listener(
         agentmesh_executor::ExecutorConfig {
-            database_url,
             discovery_url,
             max_concurrent_steps: 1024,
             max_concurrent_executions: 10_000,
-            ..Default::default()
+            ..agentmesh_executor::ExecutorConfig::with_database_url(database_url)
         },
         executor_listener,
         until(),

@@ -74,7 +74,7 @@ struct Mesh {
 async fn mesh(dir: &std::path::Path) -> anyhow::Result<Mesh> {
     let db = |name: &str| format!("sqlite://{}", dir.join(format!("{name}.db")).display());
     let pending = std::future::pending::<()>;
-    let discovery_config = agentmesh_discovery::DiscoveryConfig { database_url: db("discovery"), ..Default::default() };
+    let discovery_config = agentmesh_discovery::DiscoveryConfig::with_database_url(db("discovery"));
     let discovery = spawn(|l| agentmesh_discovery::serve_with_listener(discovery_config, l, pending())).await?;
     let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])
         .await
@@ -109,30 +109,26 @@ async fn mesh(dir: &std::path::Path) -> anyhow::Result<Mesh> {
 
     let planner_config = agentmesh_planner::PlannerConfig {
         discovery_url: format!("http://{discovery}"),
-        database_url: db("planner"),
-        llm: llm.clone(),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings { llm: llm.clone(), ..agentmesh_planner::PlannerConfig::default().llm },
+        ..agentmesh_planner::PlannerConfig::with_database_url(db("planner"))
     };
     let planner = spawn(|l| agentmesh_planner::serve_with_listener(planner_config, l, pending())).await?;
     let executor_config = agentmesh_executor::ExecutorConfig {
         discovery_url: format!("http://{discovery}"),
-        database_url: db("executor"),
-        ..Default::default()
+        ..agentmesh_executor::ExecutorConfig::with_database_url(db("executor"))
     };
     let executor = spawn(|l| agentmesh_executor::serve_with_listener(executor_config, l, pending())).await?;
     let synthesis_config = agentmesh_synthesis::SynthesisConfig {
         discovery_url: format!("http://{discovery}"),
-        database_url: db("synthesis"),
-        llm,
-        ..Default::default()
+        llm: agentmesh_synthesis::LlmSettings { llm, ..agentmesh_synthesis::SynthesisConfig::default().llm },
+        ..agentmesh_synthesis::SynthesisConfig::with_database_url(db("synthesis"))
     };
     let synthesis = spawn(|l| agentmesh_synthesis::serve_with_listener(synthesis_config, l, pending())).await?;
     let gateway_config = agentmesh_gateway::GatewayConfig {
         planner_url: format!("http://{planner}"),
         executor_url: format!("http://{executor}"),
         synthesis_url: format!("http://{synthesis}"),
-        database_url: db("gateway"),
-        ..Default::default()
+        ..agentmesh_gateway::GatewayConfig::with_database_url(db("gateway"))
     };
     let gateway = spawn(|l| agentmesh_gateway::serve_with_listener(gateway_config, l, pending())).await?;
     Ok(Mesh { planner, executor, synthesis, gateway, _agent: agent })

@@ -288,7 +288,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     let discovery_url = format!("http://{}", discovery_listener.local_addr()?);
     let (stop_discovery, discovery_stopped) = tokio::sync::oneshot::channel::<()>();
     let discovery = tokio::spawn(agentmesh_discovery::serve_with_listener(
-        agentmesh_discovery::DiscoveryConfig { database_url: discovery_db, ..Default::default() },
+        agentmesh_discovery::DiscoveryConfig::with_database_url(discovery_db),
         discovery_listener,
         async move {
             let _ = discovery_stopped.await;
@@ -335,9 +335,11 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     let planner_url = format!("http://{}", planner_listener.local_addr()?);
     let config = PlannerConfig {
         discovery_url,
-        database_url: format!("sqlite://{}", dir.join(format!("planner-{n}.db")).display()),
-        llm: format!("replay:{}", script_path.display()),
-        ..Default::default()
+        llm: agentmesh_planner::LlmSettings {
+            llm: format!("replay:{}", script_path.display()),
+            ..PlannerConfig::default().llm
+        },
+        ..PlannerConfig::with_database_url(format!("sqlite://{}", dir.join(format!("planner-{n}.db")).display()))
     };
     let (stop_planner, planner_stopped) = tokio::sync::oneshot::channel::<()>();
     let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, planner_listener, async move {

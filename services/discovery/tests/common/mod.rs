@@ -25,7 +25,7 @@ impl Ctx {
     /// Like [`Ctx::start`], adjusting the configuration first.
     pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut DiscoveryConfig)) -> Option<Self> {
         let db = TestDatabase::new(backend).await?;
-        let mut config = DiscoveryConfig { database_url: db.url.clone(), ..DiscoveryConfig::default() };
+        let mut config = DiscoveryConfig::with_database_url(db.url.clone());
         adjust(&mut config);
         let svc = spawn_discovery(config).await.unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
         Some(Self { svc, http: agentmesh_testkit::http_client(), db })

@@ -65,16 +65,15 @@ impl Mesh {
     pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut ExecutorConfig)) -> Option<Self> {
         agentmesh_testkit::init_tracing();
         let db = TestDatabase::new(backend).await?;
-        let discovery = spawn_discovery(DiscoveryConfig { database_url: db.url.clone(), ..Default::default() })
+        let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone()))
             .await
             .unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
         let mut config = ExecutorConfig {
-            database_url: db.url.clone(),
             discovery_url: discovery.url(),
             retry_base_ms: 20,
             retry_max_ms: 2_000,
             lease_secs: 2.0,
-            ..Default::default()
+            ..ExecutorConfig::with_database_url(db.url.clone())
         };
         adjust(&mut config);
         let (executor, executor_task, stop) = spawn_executor(config).await;

@@ -1,0 +1,355 @@
+//! Settings every service shares, defined once: [`ServiceSettings`] (where
+//! it listens, its database, its limits, how often it checks its
+//! dependencies), and the machinery that lets a service's configuration
+//! embed such groups while staying one flat table in the file and the
+//! environment (`[planner] listen = …` beside `[planner] max_plan_steps = …`).
+//!
+//! Serde's `flatten` and `deny_unknown_fields` do not mix, so a service's
+//! configuration does not use them together: [`flat_settings!`] reads the
+//! table once, refuses a key no group and no field of the service knows
+//! (listing the ones it does), and hands each group the keys it reads.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use crate::Limits;
+
+/// The default database of every service: an embedded SQLite file.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://.agentmesh/agentmesh.db";
+
+/// Settings every service has. Each service chooses its own defaults
+/// (its port, how long its requests may take).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServiceSettings {
+    /// Address serving gRPC and HTTP (`/metrics`, `/healthz`, `/readyz`).
+    pub listen: SocketAddr,
+    /// `sqlite://PATH`, `sqlite::memory:` or `postgres://…`.
+    pub database_url: String,
+    /// Largest accepted request, in bytes (REST or gRPC).
+    pub max_request_bytes: usize,
+    /// Seconds a request may take to be answered (a shorter `grpc-timeout` wins).
+    pub request_timeout_secs: f64,
+    /// Requests handled at once; more wait for a slot.
+    pub max_concurrent_requests: usize,
+    /// Seconds between checks of the service's dependencies (its store, the
+    /// services it calls) for readiness.
+    pub health_check_interval_secs: f64,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            database_url: DEFAULT_DATABASE_URL.into(),
+            max_request_bytes: 1024 * 1024,
+            request_timeout_secs: 30.0,
+            max_concurrent_requests: 1_000,
+            health_check_interval_secs: 2.0,
+        }
+    }
+}
+
+impl std::fmt::Debug for ServiceSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        debug("ServiceSettings", self, f)
+    }
+}
+
+impl ServiceSettings {
+    /// The defaults, listening on `127.0.0.1:port`.
+    pub fn on_port(port: u16) -> Self {
+        Self { listen: SocketAddr::from(([127, 0, 0, 1], port)), ..Self::default() }
+    }
+
+    /// Checks the values once at start-up.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        check_min_secs("request_timeout_secs", self.request_timeout_secs, 0.001)?;
+        anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
+        anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
+        check_min_secs("health_check_interval_secs", self.health_check_interval_secs, 0.05)?;
+        anyhow::ensure!(
+            self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
+            "database_url must start with sqlite: or postgres://, got `{}`",
+            crate::redact(&self.database_url)
+        );
+        Ok(())
+    }
+
+    /// The limits of the shared server stack.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_request_bytes: self.max_request_bytes,
+        }
+    }
+
+    /// How often dependencies are checked.
+    pub fn health_check_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.health_check_interval_secs)
+    }
+}
+
+/// Checks that the setting `name`, in seconds, is a number of at least `min`.
+pub fn check_min_secs(name: &str, value: f64, min: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(value.is_finite() && value >= min, "{name} must be at least {min}, got {value}");
+    Ok(())
+}
+
+/// Checks that the setting `name` is an `http://` or `https://` URL with a
+/// host, so that a missing scheme fails at start-up with what to write
+/// instead of as a transport error later.
+pub fn check_service_url(name: &str, url: &str) -> anyhow::Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        anyhow::bail!("{name} `{url}` has no scheme: write http://{url} (or https://…)");
+    };
+    anyhow::ensure!(
+        matches!(scheme, "http" | "https"),
+        "{name} `{}` must start with http:// or https://",
+        crate::redact(url)
+    );
+    anyhow::ensure!(!rest.trim_matches('/').is_empty(), "{name} `{url}` has no host");
+    Ok(())
+}
+
+/// Reads a list setting given either as a list (`["a", "b"]`, TOML or
+/// JSON) or as one comma-separated string (`a,b`), as environment variables
+/// are most easily written: `AGENTMESH_PLANNER__SELF_AGENT_IDS=me,other`.
+/// Use with `#[serde(deserialize_with = "agentmesh_server::settings::list_or_commas")]`.
+pub fn list_or_commas<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct ListOrCommas;
+
+    impl<'de> serde::de::Visitor<'de> for ListOrCommas {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of strings or one comma-separated string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+        }
+
+        // An environment value such as `42` arrives as a number.
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            Ok(vec![n.to_string()])
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            Ok(vec![n.to_string()])
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<String>()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    deserializer.deserialize_any(ListOrCommas)
+}
+
+/// A service's settings table as read: every key the service knows, with
+/// its default where the input gave none.
+pub struct FlatTable(Value);
+
+impl FlatTable {
+    /// Reads a table and lays it over `defaults` (the service's whole
+    /// configuration, groups included). A key that `defaults` lacks is
+    /// refused, naming the keys there are.
+    pub fn read<'de, D: Deserializer<'de>>(deserializer: D, defaults: &impl Serialize) -> Result<Self, D::Error> {
+        let given = Map::<String, Value>::deserialize(deserializer)?;
+        let mut table = match serde_json::to_value(defaults) {
+            Ok(Value::Object(table)) => table,
+            Ok(_) => return Err(D::Error::custom("settings must serialize as a table")),
+            Err(e) => return Err(D::Error::custom(e)),
+        };
+        for (key, value) in given {
+            let Some(slot) = table.get_mut(&key) else {
+                let known: Vec<&str> = table.keys().map(String::as_str).collect();
+                return Err(D::Error::custom(format!(
+                    "unknown setting `{key}`; the settings are {}",
+                    known.join(", ")
+                )));
+            };
+            *slot = value;
+        }
+        Ok(Self(Value::Object(table)))
+    }
+
+    /// Reads one group of settings (or the service's own fields) from the
+    /// table, naming the key at fault when a value does not fit.
+    pub fn group<T: DeserializeOwned, E: serde::de::Error>(&self) -> Result<T, E> {
+        serde_path_to_error::deserialize(&self.0).map_err(|e| {
+            let key = e.path().to_string();
+            E::custom(format!("`{key}`: {}", e.into_inner()))
+        })
+    }
+}
+
+/// Gives a service's configuration its `Serialize`, `Deserialize` and a
+/// `Debug` that hides secrets, with setting groups (such as
+/// [`ServiceSettings`]) flattened into its own table.
+///
+/// The configuration derives both traits as `remote = "Self"`, marks each
+/// group `flatten, skip_deserializing` (the first one the
+/// [`ServiceSettings`] named `service`), and implements `Default` (the
+/// service's defaults, groups included). It also gains
+/// `with_database_url(url)`, the defaults with another database:
+///
+/// ```ignore
+/// #[derive(Clone, PartialEq, Serialize, Deserialize)]
+/// #[serde(remote = "Self", default)]
+/// pub struct PlannerConfig {
+///     #[serde(flatten, skip_deserializing)]
+///     pub service: ServiceSettings,
+///     pub max_plan_steps: usize,
+/// }
+/// agentmesh_server::flat_settings!(PlannerConfig { service });
+/// ```
+#[macro_export]
+macro_rules! flat_settings {
+    ($config:ident { service $(, $group:ident)* $(,)? }) => {
+        impl ::serde::Serialize for $config {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> ::std::result::Result<S::Ok, S::Error> {
+                $config::serialize(self, serializer)
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $config {
+            fn deserialize<D: ::serde::Deserializer<'de>>(deserializer: D) -> ::std::result::Result<Self, D::Error> {
+                let defaults = <$config as ::std::default::Default>::default();
+                let table = $crate::settings::FlatTable::read(deserializer, &defaults)?;
+                let own: $config = table.group::<$crate::settings::Own<$config>, D::Error>()?.0;
+                Ok($config { service: table.group::<_, D::Error>()?, $($group: table.group::<_, D::Error>()?,)* ..own })
+            }
+        }
+
+        impl $crate::settings::RemoteDeserialize for $config {
+            fn deserialize_own<'de, D: ::serde::Deserializer<'de>>(deserializer: D) -> ::std::result::Result<Self, D::Error> {
+                $config::deserialize(deserializer)
+            }
+        }
+
+        impl ::std::fmt::Debug for $config {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                $crate::settings::debug(stringify!($config), self, f)
+            }
+        }
+
+        impl $config {
+            /// The defaults, keeping data in the database at `url`.
+            pub fn with_database_url(url: impl Into<String>) -> Self {
+                let mut config = <Self as ::std::default::Default>::default();
+                config.service.database_url = url.into();
+                config
+            }
+        }
+    };
+}
+
+/// `Debug` for settings, secrets hidden (see [`agentmesh_telemetry::secrets`]).
+pub fn debug(name: &str, settings: &impl Serialize, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    agentmesh_telemetry::secrets::debug_settings(name, settings, f)
+}
+
+/// The fields a configuration's derive reads itself (not its groups).
+#[doc(hidden)]
+pub trait RemoteDeserialize: Sized {
+    /// The derived (`remote = "Self"`) deserializer.
+    fn deserialize_own<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+}
+
+/// A configuration read by its derived deserializer only.
+#[doc(hidden)]
+pub struct Own<T>(pub T);
+
+impl<'de, T: RemoteDeserialize> Deserialize<'de> for Own<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize_own(deserializer).map(Own)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(remote = "Self", default)]
+    struct Example {
+        #[serde(flatten, skip_deserializing)]
+        service: ServiceSettings,
+        discovery_url: String,
+        #[serde(deserialize_with = "list_or_commas")]
+        ids: Vec<String>,
+    }
+
+    impl Default for Example {
+        fn default() -> Self {
+            Self {
+                service: ServiceSettings { request_timeout_secs: 600.0, ..ServiceSettings::on_port(7401) },
+                discovery_url: "http://127.0.0.1:7400".into(),
+                ids: Vec::new(),
+            }
+        }
+    }
+
+    crate::flat_settings!(Example { service });
+
+    #[test]
+    fn one_flat_table_fills_the_groups_and_keeps_the_service_defaults() {
+        let example: Example =
+            toml::from_str("database_url = \"postgres://u:hunter2@db/a\"\nids = \"a, b\"\nmax_request_bytes = 4096\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(example.service.database_url, "postgres://u:hunter2@db/a");
+        assert_eq!(example.service.max_request_bytes, 4096);
+        assert_eq!(example.service.listen.port(), 7401, "the service's own default port");
+        assert_eq!(example.service.request_timeout_secs, 600.0);
+        assert_eq!(example.ids, ["a", "b"]);
+        assert_eq!(example.discovery_url, "http://127.0.0.1:7400");
+        assert_eq!(Example::with_database_url("sqlite::memory:").service.database_url, "sqlite::memory:");
+        let written = toml::to_string(&example).unwrap_or_default();
+        assert!(written.contains("listen = \"127.0.0.1:7401\"") && written.contains("discovery_url"), "{written}");
+        let shown = format!("{example:?}");
+        assert!(shown.starts_with("Example { listen: \"127.0.0.1:7401\""), "{shown}");
+        assert!(!shown.contains("hunter2") && shown.contains("postgres://u:***@db/a"), "{shown}");
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused_by_name() {
+        let unknown = toml::from_str::<Example>("databse_url = \"sqlite::memory:\"\n").err().map(|e| e.to_string());
+        let unknown = unknown.unwrap_or_default();
+        assert!(unknown.contains("unknown setting `databse_url`"), "{unknown}");
+        assert!(unknown.contains("database_url") && unknown.contains("discovery_url"), "the known keys: {unknown}");
+        let wrong = toml::from_str::<Example>("max_request_bytes = \"many\"\n").err().map(|e| e.to_string());
+        let wrong = wrong.unwrap_or_default();
+        assert!(wrong.contains("`max_request_bytes`") && wrong.contains("invalid type"), "{wrong}");
+        let wrong_own = toml::from_str::<Example>("discovery_url = 7\n").err().map(|e| e.to_string());
+        assert!(wrong_own.unwrap_or_default().contains("`discovery_url`"));
+    }
+
+    #[test]
+    fn service_urls_need_a_scheme_and_a_host() {
+        assert!(check_service_url("u", "http://a:1").is_ok());
+        let missing = check_service_url("discovery_url", "127.0.0.1:7400").err().map(|e| e.to_string());
+        assert!(missing.unwrap_or_default().contains("write http://127.0.0.1:7400"));
+        assert!(check_service_url("u", "ftp://a").is_err());
+        assert!(check_service_url("u", "http://").is_err());
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let settings = ServiceSettings { request_timeout_secs: f64::NAN, ..ServiceSettings::default() };
+        assert!(settings.validate().is_err());
+        let settings = ServiceSettings { database_url: "mysql://x".into(), ..ServiceSettings::default() };
+        assert!(settings.validate().is_err_and(|e| e.to_string().contains("sqlite: or postgres://")));
+        assert!(ServiceSettings::default().validate().is_ok());
+    }
+}
