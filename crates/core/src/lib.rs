@@ -3,10 +3,12 @@
 //! targets, wildcard patterns, registration validation and catalog queries.
 
 pub mod agent;
+pub mod bm25;
 pub mod execution;
 pub mod fence;
 pub mod health;
 pub mod index;
+pub mod llm;
 pub mod pattern;
 pub mod plan;
 pub mod plan_schema;
@@ -19,6 +21,7 @@ pub mod validate;
 pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, Transport};
 pub use health::{HealthPolicy, HealthStatus, ReportedStatus};
 pub use index::CatalogIndex;
+pub use llm::ReasoningEffort;
 pub use pattern::Pattern;
 pub use query::{CapabilityQuery, CatalogPage, MatchedAgent};
 pub use target::{InvocationTarget, TargetParseError};

@@ -137,31 +137,7 @@ impl Message {
     }
 }
 
-/// How hard a reasoning model should think.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReasoningEffort {
-    /// As little as possible.
-    Minimal,
-    /// Low.
-    Low,
-    /// Medium.
-    Medium,
-    /// High.
-    High,
-}
-
-impl ReasoningEffort {
-    /// Lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Minimal => "minimal",
-            Self::Low => "low",
-            Self::Medium => "medium",
-            Self::High => "high",
-        }
-    }
-}
+pub use agentmesh_core::ReasoningEffort;
 
 /// A schema the answer must fit.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,6 +1,7 @@
 //! Plans between the domain model and protobuf, in one place for every
 //! service and client.
 
+use agentmesh_core::ReasoningEffort;
 use agentmesh_core::plan::{Plan, PlanStep};
 use serde_json::Value;
 
@@ -39,4 +40,15 @@ pub fn step_from_pb(s: &pb::PlanStep) -> PlanStep {
 /// A protobuf plan.
 pub fn plan_from_pb(plan: &pb::Plan) -> Plan {
     Plan { reasoning: plan.reasoning.clone(), steps: plan.steps.iter().map(step_from_pb).collect() }
+}
+
+/// A request's `reasoning_effort`, `None` when unspecified (or unknown).
+pub fn effort_from_pb(value: i32) -> Option<ReasoningEffort> {
+    match pb::ReasoningEffort::try_from(value).unwrap_or_default() {
+        pb::ReasoningEffort::Unspecified => None,
+        pb::ReasoningEffort::Minimal => Some(ReasoningEffort::Minimal),
+        pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
+        pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
+        pb::ReasoningEffort::High => Some(ReasoningEffort::High),
+    }
 }

@@ -14,8 +14,8 @@ use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Messag
 use agentmesh_telemetry::{EVENT_LOG_TARGET, span_event};
 use serde_json::{Value, json};
 
-use crate::bm25;
 use crate::prompt::{pair_id, plan_messages, preselect_messages};
+use agentmesh_core::bm25;
 
 /// Limits and thresholds of the planning loop.
 #[derive(Debug, Clone)]

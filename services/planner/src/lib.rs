@@ -5,8 +5,6 @@
 //! `PlannerService`, with the catalog from discovery and the interaction log
 //! in the store, and `/metrics`, `/healthz` and `/readyz` on the same port.
 
-pub mod bm25;
-pub mod catalog;
 pub mod engine;
 pub mod metrics;
 pub mod prompt;

@@ -4,8 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentmesh_llm::{LlmProvider, Preferred, ReasoningEffort};
-use agentmesh_proto::convert::{plan_to_pb, step_to_pb};
+use agentmesh_llm::{LlmProvider, Preferred};
+use agentmesh_proto::convert::{effort_from_pb, plan_to_pb, step_to_pb};
 use agentmesh_proto::json::from_struct;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -16,9 +16,9 @@ use chrono::Utc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::catalog::{self, AllowPattern};
 use crate::engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlanningError, with_request_id};
 use crate::metrics::Metrics;
+use agentmesh_catalog::{self as catalog, AllowPattern};
 
 /// The service state.
 pub struct PlannerGrpc {
@@ -167,7 +167,7 @@ impl PlannerService for PlannerGrpc {
         }
         tracing::info!(request_id, operation = "create_plan", catalog = catalog.len(), "planning");
         let span = tracing::info_span!("create_plan", request_id = %request_id, operation = "create_plan");
-        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
+        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort_from_pb(r.reasoning_effort));
         let planning = self.planner.plan(&llm, &r.query, &catalog);
         match with_request_id(&request_id, planning).instrument(span).await {
             Ok(PlanOutcome { mut plan, stats, interactions }) => {
@@ -249,7 +249,7 @@ impl PlannerService for PlannerGrpc {
             ));
         }
         let span = tracing::info_span!("replan", request_id = %request_id, operation = "replan");
-        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
+        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort_from_pb(r.reasoning_effort));
         let planning = self.planner.replan(&llm, &collab.query, &allowed);
         let outcome = match with_request_id(&request_id, planning).instrument(span).await {
             Ok(outcome) => outcome,
@@ -337,15 +337,4 @@ impl PlannerService for PlannerGrpc {
 /// Parameters of a step as JSON (for clients).
 pub fn parameters_json(step: &pb::PlanStep) -> serde_json::Value {
     step.parameters.as_ref().map_or_else(|| serde_json::json!({}), from_struct)
-}
-
-/// The reasoning effort a request asks for (`None`: the model's default).
-fn effort(value: i32) -> Option<ReasoningEffort> {
-    match pb::ReasoningEffort::try_from(value).unwrap_or_default() {
-        pb::ReasoningEffort::Unspecified => None,
-        pb::ReasoningEffort::Minimal => Some(ReasoningEffort::Minimal),
-        pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
-        pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
-        pb::ReasoningEffort::High => Some(ReasoningEffort::High),
-    }
 }

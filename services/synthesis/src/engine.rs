@@ -301,7 +301,7 @@ impl Synthesizer {
         if catalog.len() <= self.settings.review_catalog_size {
             return catalog.iter().collect();
         }
-        agentmesh_planner::bm25::rank(query, catalog)
+        agentmesh_core::bm25::rank(query, catalog)
             .into_iter()
             .take(self.settings.review_catalog_size)
             .map(|(i, _)| &catalog[i])

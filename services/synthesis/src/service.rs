@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use agentmesh_core::fence::Fence;
 use agentmesh_core::plan::AllowedCapability;
-use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, Preferred, ReasoningEffort, Role};
-use agentmesh_proto::convert::step_from_pb;
+use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, Preferred, Role};
+use agentmesh_proto::convert::{effort_from_pb, step_from_pb};
 use agentmesh_proto::json::from_value;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -40,16 +40,6 @@ pub struct Inner {
 #[derive(Clone)]
 pub struct SynthesisGrpc {
     pub(crate) inner: Arc<Inner>,
-}
-
-fn effort(value: i32) -> Option<ReasoningEffort> {
-    match pb::ReasoningEffort::try_from(value).unwrap_or_default() {
-        pb::ReasoningEffort::Unspecified => None,
-        pb::ReasoningEffort::Minimal => Some(ReasoningEffort::Minimal),
-        pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
-        pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
-        pb::ReasoningEffort::High => Some(ReasoningEffort::High),
-    }
 }
 
 /// The steps of `plan` joined with their latest results; results of steps
@@ -263,7 +253,7 @@ impl Inner {
 
     async fn catalog(&self, request_id: &str) -> Vec<AllowedCapability> {
         let mut discovery = self.discovery.clone();
-        match agentmesh_planner::catalog::fetch(&mut discovery, &[], false, request_id).await {
+        match agentmesh_catalog::fetch(&mut discovery, &[], false, request_id).await {
             Ok(catalog) => catalog.capabilities,
             Err(status) => {
                 tracing::warn!(
@@ -282,7 +272,7 @@ impl Inner {
         let candidates = self.synthesizer.review_candidates(&r.query, &catalog);
         let fence = Fence::with_nonce(&format!("{:016x}", rand::random::<u64>()));
         let base = self.synthesizer.review_request(&outcome, &r.answer, &candidates, &fence);
-        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort(r.reasoning_effort));
+        let llm = Preferred::new(self.llm.as_ref(), Some(r.model.clone()), effort_from_pb(r.reasoning_effort));
         let mut request = base.clone();
         let mut total = pb::TokenUsage::default();
         let attempts = self.synthesizer.settings().review_retries + 1;
@@ -404,7 +394,7 @@ impl SynthesisService for SynthesisGrpc {
                 if !r.model.trim().is_empty() {
                     request.model = Some(r.model.clone());
                 }
-                request.reasoning_effort = effort(r.reasoning_effort);
+                request.reasoning_effort = effort_from_pb(r.reasoning_effort);
                 let span = tracing::info_span!("synthesize", request_id = %request_id, operation = "synthesize");
                 tokio::spawn(inner.stream_answer(request_id, request, footer, tx).instrument(span));
             }

@@ -309,7 +309,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
     let mut fetches = Latencies::default();
     for i in 0..args.grpc_iterations + args.grpc_iterations / 10 {
         let t0 = Instant::now();
-        let fetched = agentmesh_planner::catalog::fetch(&mut discovery_client, &[], false, "bench").await?.capabilities;
+        let fetched = agentmesh_catalog::fetch(&mut discovery_client, &[], false, "bench").await?.capabilities;
         let took = t0.elapsed();
         anyhow::ensure!(fetched.len() == n, "discovery returned {} capabilities, not {n}", fetched.len());
         if i >= args.grpc_iterations / 10 {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use agentmesh_core::plan::AllowedCapability;
+use crate::plan::AllowedCapability;
 
 /// Lowercase word pieces: ids split on `_`, `-`, `.`, `:` and `/` too.
 pub fn tokens(text: &str) -> Vec<String> {
@@ -109,7 +109,7 @@ pub fn rank(query: &str, catalog: &[AllowedCapability]) -> Vec<(usize, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentmesh_core::CapabilityKind;
+    use crate::CapabilityKind;
 
     fn cap(agent: &str, capability: &str, description: &str) -> AllowedCapability {
         AllowedCapability {

@@ -1,6 +1,7 @@
-//! The catalog a request may plan over, from discovery: never the calling
-//! orchestrator's own agents, never internal capabilities, narrowed further
-//! by allow patterns.
+//! The catalog a request may plan over, as the services that reason over
+//! it (the planner, synthesis's reviews) fetch it from discovery: never the
+//! calling orchestrator's own agents, never internal capabilities, narrowed
+//! further by allow patterns. Ranking it is `agentmesh_core::bm25`.
 //!
 //! Health: `active` and `degraded` agents are offered. A degraded agent has
 //! missed a few heartbeats or said it is struggling, but is most likely
