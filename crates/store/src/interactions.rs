@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
+use sqlx::{Database, Encode, QueryBuilder, Type};
 
+use crate::db::on_pool;
+use crate::rows::StoredRow;
 use crate::{StoreResult, from_ms};
 
 /// One recorded LLM call.
@@ -88,7 +90,7 @@ const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, stru
 prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms";
 
 /// One multi-row INSERT of `records` (not empty), for either backend.
-pub(crate) fn insert<DB>(records: &[InteractionRecord], retention: Retention) -> QueryBuilder<DB>
+fn insert<DB>(records: &[InteractionRecord], retention: Retention) -> QueryBuilder<DB>
 where
     DB: Database,
     for<'q> String: Encode<'q, DB> + Type<DB>,
@@ -115,27 +117,60 @@ where
 }
 
 /// Decodes one row selected with `id`, the columns above but `expires_at_ms`.
-pub(crate) fn decode<R>(row: &R) -> StoreResult<InteractionRecord>
+fn decode<R>(row: &R) -> StoreResult<InteractionRecord>
 where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
     Ok(InteractionRecord {
-        id: row.try_get("id")?,
-        request_id: row.try_get("request_id")?,
-        kind: row.try_get("kind")?,
-        prompt: row.try_get("prompt")?,
-        response: row.try_get("response")?,
-        model: row.try_get("model")?,
-        provider: row.try_get("provider")?,
-        structured_mode: row.try_get("structured_mode")?,
-        prompt_tokens: row.try_get("prompt_tokens")?,
-        completion_tokens: row.try_get("completion_tokens")?,
-        latency_ms: row.try_get("latency_ms")?,
-        error: row.try_get("error")?,
-        created_at: from_ms(row.try_get("created_at_ms")?),
+        id: row.int("id")?,
+        request_id: row.text("request_id")?,
+        kind: row.text("kind")?,
+        prompt: row.text("prompt")?,
+        response: row.text("response")?,
+        model: row.text("model")?,
+        provider: row.text("provider")?,
+        structured_mode: row.text("structured_mode")?,
+        prompt_tokens: row.int("prompt_tokens")?,
+        completion_tokens: row.int("completion_tokens")?,
+        latency_ms: row.int("latency_ms")?,
+        error: row.maybe_text("error")?,
+        created_at: from_ms(row.int("created_at_ms")?),
     })
+}
+
+#[async_trait]
+impl InteractionLog for crate::SqlStore {
+    async fn record(&self, records: &[InteractionRecord], retention: Retention) -> StoreResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        on_pool!(&self.db, pool => insert(records, retention).build().execute(pool).await?.rows_affected());
+        Ok(())
+    }
+
+    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>> {
+        on_pool!(&self.db, pool => {
+            let rows = sqlx::query(
+                "SELECT id, request_id, kind, prompt, response, model, provider, structured_mode, prompt_tokens, \
+                 completion_tokens, latency_ms, error, created_at_ms FROM agentmesh_llm_interactions \
+                 WHERE request_id = $1 AND expires_at_ms > $2 ORDER BY id",
+            )
+            .bind(request_id)
+            .bind(now.timestamp_millis())
+            .fetch_all(pool)
+            .await?;
+            rows.iter().map(decode).collect()
+        })
+    }
+
+    async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {
+        let purge = "DELETE FROM agentmesh_llm_interactions WHERE expires_at_ms <= $1";
+        Ok(
+            on_pool!(&self.db, pool => sqlx::query(purge).bind(now.timestamp_millis()).execute(pool).await?.rows_affected()),
+        )
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.db.ping().await
+    }
 }

@@ -1,8 +1,13 @@
-//! Storage for the agent registry: an [`AgentStore`] trait with PostgreSQL
-//! and SQLite implementations through sqlx, migrations embedded in the
-//! binary and run at start-up, and change notifications so that every
-//! discovery replica sharing a database learns of every write.
+//! Storage through sqlx, on PostgreSQL or SQLite: the agent registry
+//! ([`AgentStore`], with change notifications so that every discovery
+//! replica sharing a database learns of every write), the LLM interaction
+//! log and the gateway's orchestration log, each written once for both
+//! databases ([`SqlStore`]); and the executor's event-sourced executions,
+//! written for each ([`ExecutionStore`]), where the two really differ.
+//! Migrations are embedded in the binary and run at start-up.
 
+mod agents;
+mod db;
 pub mod executions;
 mod interactions;
 mod migrate;
@@ -20,11 +25,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+pub use agents::SqlStore;
 pub use executions::{ExecutionStore, PostgresExecutions, SqliteExecutions};
 pub use interactions::{InteractionLog, InteractionRecord, Retention};
 pub use orchestrations::{OrchestrationEvent, OrchestrationLog};
-pub use postgres::PostgresStore;
-pub use sqlite::SqliteStore;
 
 /// Name of the PostgreSQL notification channel carrying catalog changes.
 pub const NOTIFY_CHANNEL: &str = "agentmesh_catalog";
@@ -42,6 +46,9 @@ pub enum StoreError {
     /// A stored row could not be decoded.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The database could not be brought up to date.
+    #[error("migrating the database: {0}")]
+    Migrate(String),
     /// The database URL names no supported backend (its scheme is kept, not
     /// the URL, which may hold a password).
     #[error("unsupported database url scheme `{0}`: use sqlite://PATH, sqlite::memory: or postgres://…")]
@@ -71,7 +78,7 @@ pub fn describe(e: &sqlx::Error) -> String {
 }
 
 impl StoreError {
-    fn unsupported(url: &str) -> Self {
+    pub(crate) fn unsupported(url: &str) -> Self {
         Self::UnsupportedUrl(url.split(':').next().unwrap_or_default().to_owned())
     }
 }
@@ -186,60 +193,56 @@ pub trait AgentStore: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
 }
 
-/// A store opened from a URL.
-enum Opened {
-    Postgres(PostgresStore),
-    Sqlite(SqliteStore),
-}
-
-async fn open(url: &str) -> StoreResult<Opened> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Opened::Postgres(PostgresStore::connect(url).await?))
-    } else if url.starts_with("sqlite:") {
-        Ok(Opened::Sqlite(SqliteStore::connect(url).await?))
-    } else {
-        Err(StoreError::unsupported(url))
-    }
-}
-
-/// Opens the store a URL names, runs migrations, and starts notifications.
-/// Its calls are traced as child spans of the caller's.
+/// Opens the agent registry in the database a URL names (running
+/// migrations) and starts its notifications. Its calls are traced as child
+/// spans of the caller's.
 pub async fn connect(url: &str) -> StoreResult<Arc<dyn AgentStore>> {
-    let store: Arc<dyn AgentStore> = match open(url).await? {
-        Opened::Postgres(store) => Arc::new(store),
-        Opened::Sqlite(store) => Arc::new(store),
-    };
-    Ok(Arc::new(traced::TracedAgentStore(store)))
+    Ok(Arc::new(traced::TracedAgentStore(Arc::new(SqlStore::connect(url).await?))))
 }
 
 /// Opens the interaction log in the database a URL names (running
 /// migrations); its calls are traced.
 pub async fn connect_interaction_log(url: &str) -> StoreResult<Arc<dyn InteractionLog>> {
-    let (inner, backend): (Arc<dyn InteractionLog>, _) = match open(url).await? {
-        Opened::Postgres(store) => (Arc::new(store), "postgres"),
-        Opened::Sqlite(store) => (Arc::new(store), "sqlite"),
-    };
-    Ok(Arc::new(traced::TracedInteractionLog { inner, backend }))
+    let store = SqlStore::open(url).await?;
+    let backend = store.db.backend();
+    Ok(Arc::new(traced::TracedInteractionLog { inner: Arc::new(store), backend }))
 }
 
 /// Opens the gateway's orchestration event log in the database a URL names
 /// (running migrations).
 pub async fn connect_orchestration_log(url: &str) -> StoreResult<Arc<dyn OrchestrationLog>> {
-    Ok(match open(url).await? {
-        Opened::Postgres(store) => Arc::new(store),
-        Opened::Sqlite(store) => Arc::new(store),
-    })
+    Ok(Arc::new(SqlStore::open(url).await?))
 }
 
 /// Deletes expired interactions every ten minutes until the returned task
 /// is aborted (the first pass runs at once).
 pub fn spawn_interaction_purge(log: Arc<dyn InteractionLog>) -> tokio::task::JoinHandle<()> {
+    every_ten_minutes("LLM interactions", move || {
+        let log = log.clone();
+        async move { log.purge_expired(Utc::now()).await }
+    })
+}
+
+/// Deletes expired orchestration events every ten minutes until the
+/// returned task is aborted (the first pass runs at once).
+pub fn spawn_orchestration_purge(log: Arc<dyn OrchestrationLog>) -> tokio::task::JoinHandle<()> {
+    every_ten_minutes("orchestration events", move || {
+        let log = log.clone();
+        async move { log.purge_expired(Utc::now().timestamp_millis()).await }
+    })
+}
+
+fn every_ten_minutes<F, Fut>(what: &'static str, purge: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = StoreResult<u64>> + Send,
+{
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(600));
         loop {
             tick.tick().await;
-            if let Err(e) = log.purge_expired(chrono::Utc::now()).await {
-                tracing::warn!(error = %e, "could not purge expired LLM interactions");
+            if let Err(e) = purge().await {
+                tracing::warn!(error = %e, "could not purge expired {what}");
             }
         }
     })
@@ -248,12 +251,9 @@ pub fn spawn_interaction_purge(log: Arc<dyn InteractionLog>) -> tokio::task::Joi
 /// Opens the execution store in the database a URL names (running migrations).
 /// Its calls are traced.
 pub async fn connect_executions(url: &str) -> StoreResult<Arc<dyn ExecutionStore>> {
-    let store: Arc<dyn ExecutionStore> = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Arc::new(PostgresExecutions::connect(url).await?)
-    } else if url.starts_with("sqlite:") {
-        Arc::new(SqliteExecutions::connect(url).await?)
-    } else {
-        return Err(StoreError::unsupported(url));
+    let store: Arc<dyn ExecutionStore> = match db::Db::open(url).await? {
+        db::Db::Postgres(pool) => Arc::new(PostgresExecutions::new(pool).await?),
+        db::Db::Sqlite(pool) => Arc::new(SqliteExecutions::new(pool)),
     };
     Ok(Arc::new(traced::TracedExecutions(store)))
 }

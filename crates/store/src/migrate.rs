@@ -1,45 +1,110 @@
-//! Embedded migrations: ordered SQL scripts applied once each, recorded in
-//! `agentmesh_schema_migrations`.
+//! Migrations: one directory of numbered SQL scripts per backend
+//! (`migrations/postgres`, `migrations/sqlite`), embedded in the binary and
+//! applied by sqlx's migrator, which records each in `_sqlx_migrations`
+//! with its checksum (a script changed after it was applied is refused)
+//! and refuses a database left half-migrated.
+//!
+//! The list is built here rather than by `sqlx::migrate!`: the macro
+//! would compile both database drivers a second time, for the compiler,
+//! in every build. `tests::every_script_is_listed` keeps the list and the
+//! directories the same.
 
-/// One migration: a version and the script for each backend.
-pub(crate) struct Migration {
-    pub version: i64,
-    pub description: &'static str,
-    pub postgres: &'static str,
-    pub sqlite: &'static str,
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use crate::{StoreError, StoreResult};
+
+/// The scripts of one backend's directory, by version and description.
+macro_rules! scripts {
+    ($dir:literal: $($version:literal $name:literal,)+) => {
+        vec![$(
+            Migration::new(
+                $version,
+                Cow::Borrowed($name),
+                MigrationType::Simple,
+                AssertSqlSafe(include_str!(concat!("../migrations/", $dir, "/", $name, ".sql"))).into_sql_str(),
+                false,
+            ),
+        )+]
+    };
 }
 
-/// The table that records applied migrations (same SQL for both backends).
-pub(crate) const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS agentmesh_schema_migrations (
-    version BIGINT PRIMARY KEY,
-    description TEXT NOT NULL,
-    applied_at_ms BIGINT NOT NULL
-)";
+/// PostgreSQL's migrations.
+pub(crate) static POSTGRES: LazyLock<Migrator> = LazyLock::new(|| {
+    Migrator::with_migrations(scripts!("postgres":
+        1 "0001_agents",
+        2 "0002_llm_interactions",
+        3 "0003_executions",
+        4 "0004_orchestration_events",
+        5 "0005_sqlx_migrations",
+    ))
+});
 
-/// Every migration, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        description: "agents and capabilities",
-        postgres: include_str!("../migrations/postgres/0001_agents.sql"),
-        sqlite: include_str!("../migrations/sqlite/0001_agents.sql"),
-    },
-    Migration {
-        version: 2,
-        description: "LLM interaction log",
-        postgres: include_str!("../migrations/postgres/0002_llm_interactions.sql"),
-        sqlite: include_str!("../migrations/sqlite/0002_llm_interactions.sql"),
-    },
-    Migration {
-        version: 3,
-        description: "executions and their event logs",
-        postgres: include_str!("../migrations/postgres/0003_executions.sql"),
-        sqlite: include_str!("../migrations/sqlite/0003_executions.sql"),
-    },
-    Migration {
-        version: 4,
-        description: "the gateway's orchestration events",
-        postgres: include_str!("../migrations/postgres/0004_orchestration_events.sql"),
-        sqlite: include_str!("../migrations/sqlite/0004_orchestration_events.sql"),
-    },
-];
+/// SQLite's migrations.
+pub(crate) static SQLITE: LazyLock<Migrator> = LazyLock::new(|| {
+    Migrator::with_migrations(scripts!("sqlite":
+        1 "0001_agents",
+        2 "0002_llm_interactions",
+        3 "0003_executions",
+        4 "0004_orchestration_events",
+        5 "0005_sqlx_migrations",
+    ))
+});
+
+/// Stores opening one database at once in this process (`agentmesh up`
+/// opens one SQLite file for every service) migrate it one at a time.
+static MIGRATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Brings the database behind `pool` up to date. PostgreSQL's migrator
+/// locks out other replicas itself; SQLite has no such lock, so a run that
+/// lost a race with another process (which applied the same script first)
+/// is run again, and then finds it applied.
+pub(crate) async fn run<'a, A>(migrator: &Migrator, pool: A) -> StoreResult<()>
+where
+    A: sqlx::Acquire<'a> + Copy,
+    <A::Connection as std::ops::Deref>::Target: sqlx::migrate::Migrate,
+{
+    let _one_at_a_time = MIGRATING.lock().await;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 3 && !refused(&e) => {
+                tracing::warn!(error = %e, attempt, "migrating the database failed; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+            }
+            Err(e) => return Err(StoreError::Migrate(e.to_string())),
+        }
+    }
+}
+
+/// A database the migrator refuses, where trying again cannot help.
+fn refused(e: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    matches!(e, MigrateError::VersionMismatch(_) | MigrateError::VersionMissing(_) | MigrateError::Dirty(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_is_listed() {
+        for (dir, migrator) in [("postgres", &*POSTGRES), ("sqlite", &*SQLITE)] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(dir);
+            let on_disk = sqlx::migrate::resolve_blocking(&path).unwrap_or_else(|e| panic!("{dir}: {e}"));
+            let on_disk: Vec<(i64, Vec<u8>)> = on_disk.iter().map(|(m, _)| (m.version, m.checksum.to_vec())).collect();
+            let listed: Vec<(i64, Vec<u8>)> = migrator.iter().map(|m| (m.version, m.checksum.to_vec())).collect();
+            assert_eq!(
+                listed,
+                on_disk,
+                "the {dir} scripts listed in migrate.rs are not the ones in {}",
+                path.display()
+            );
+        }
+    }
+}

@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
+use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use crate::StoreResult;
+use crate::db::on_pool;
+use crate::rows::StoredRow;
 
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +49,7 @@ pub trait OrchestrationLog: Send + Sync + 'static {
 }
 
 /// One multi-row INSERT of `events` (not empty), for either backend.
-pub(crate) fn insert<DB>(events: &[OrchestrationEvent], retention: Duration) -> QueryBuilder<DB>
+fn insert<DB>(events: &[OrchestrationEvent], retention: Duration) -> QueryBuilder<DB>
 where
     DB: Database,
     for<'q> String: Encode<'q, DB> + Type<DB>,
@@ -71,30 +73,59 @@ where
     insert
 }
 
-/// The SELECT of [`OrchestrationLog::events_after`] on PostgreSQL.
-pub(crate) const SELECT_POSTGRES: &str = "SELECT request_id, sequence, round, kind, data, created_at_ms \
-    FROM agentmesh_orchestration_events WHERE request_id = $1 AND sequence > $2 AND expires_at_ms > $3 \
-    ORDER BY sequence LIMIT $4";
-
-/// The same on SQLite.
-pub(crate) const SELECT_SQLITE: &str = "SELECT request_id, sequence, round, kind, data, created_at_ms \
-    FROM agentmesh_orchestration_events WHERE request_id = ?1 AND sequence > ?2 AND expires_at_ms > ?3 \
-    ORDER BY sequence LIMIT ?4";
-
 /// Decodes one selected row.
-pub(crate) fn decode<R>(row: &R) -> StoreResult<OrchestrationEvent>
+fn decode<R>(row: &R) -> StoreResult<OrchestrationEvent>
 where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
     Ok(OrchestrationEvent {
-        request_id: row.try_get("request_id")?,
-        sequence: row.try_get("sequence")?,
-        round: row.try_get("round")?,
-        kind: row.try_get("kind")?,
-        data: row.try_get("data")?,
-        created_at_ms: row.try_get("created_at_ms")?,
+        request_id: row.text("request_id")?,
+        sequence: row.int("sequence")?,
+        round: row.int("round")?,
+        kind: row.text("kind")?,
+        data: row.text("data")?,
+        created_at_ms: row.int("created_at_ms")?,
     })
+}
+
+#[async_trait]
+impl OrchestrationLog for crate::SqlStore {
+    async fn append(&self, events: &[OrchestrationEvent], retention: Duration) -> StoreResult<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        on_pool!(&self.db, pool => insert(events, retention).build().execute(pool).await?.rows_affected());
+        Ok(())
+    }
+
+    async fn events_after(
+        &self,
+        request_id: &str,
+        after: i64,
+        limit: i64,
+        now_ms: i64,
+    ) -> StoreResult<Vec<OrchestrationEvent>> {
+        on_pool!(&self.db, pool => {
+            let rows = sqlx::query(
+                "SELECT request_id, sequence, round, kind, data, created_at_ms FROM agentmesh_orchestration_events \
+                 WHERE request_id = $1 AND sequence > $2 AND expires_at_ms > $3 ORDER BY sequence LIMIT $4",
+            )
+            .bind(request_id)
+            .bind(after)
+            .bind(now_ms)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+            rows.iter().map(decode).collect()
+        })
+    }
+
+    async fn purge_expired(&self, now_ms: i64) -> StoreResult<u64> {
+        let purge = "DELETE FROM agentmesh_orchestration_events WHERE expires_at_ms <= $1";
+        Ok(on_pool!(&self.db, pool => sqlx::query(purge).bind(now_ms).execute(pool).await?.rows_affected()))
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.db.ping().await
+    }
 }

@@ -10,6 +10,51 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::{CorruptAgent, Loaded, StoreError, StoreResult, from_ms};
 
+/// A row of either database, read by column name as the types the stores
+/// keep (text, 64-bit integers, booleans): decoders take any `StoredRow`,
+/// and sqlx's per-type bounds are written here once.
+pub(crate) trait StoredRow {
+    /// A text column.
+    fn text(&self, column: &str) -> Result<String, sqlx::Error>;
+    /// A text column that may be NULL.
+    fn maybe_text(&self, column: &str) -> Result<Option<String>, sqlx::Error>;
+    /// An integer column.
+    fn int(&self, column: &str) -> Result<i64, sqlx::Error>;
+    /// An integer column that may be NULL.
+    fn maybe_int(&self, column: &str) -> Result<Option<i64>, sqlx::Error>;
+    /// A boolean column that may be NULL.
+    fn maybe_bool(&self, column: &str) -> Result<Option<bool>, sqlx::Error>;
+}
+
+impl<R> StoredRow for R
+where
+    R: Row,
+    for<'c> &'c str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn text(&self, column: &str) -> Result<String, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn maybe_text(&self, column: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn int(&self, column: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn maybe_int(&self, column: &str) -> Result<Option<i64>, sqlx::Error> {
+        self.try_get(column)
+    }
+
+    fn maybe_bool(&self, column: &str) -> Result<Option<bool>, sqlx::Error> {
+        self.try_get(column)
+    }
+}
+
 /// Agents joined with their capabilities; callers append WHERE and must
 /// order by `a.id` then `c.position`. A macro so that `concat!` keeps every
 /// query a literal.
@@ -30,13 +75,8 @@ pub(crate) const CAPABILITY_COLUMNS: &str =
     "agent_id, id, kind, position, description, tags, input_schema, output_schema, examples, endpoint, internal";
 
 /// One column of a row; a value that does not decode makes the row corrupt.
-fn get<'r, R, T>(row: &'r R, column: &'static str) -> StoreResult<T>
-where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    T: Decode<'r, R::Database> + Type<R::Database>,
-{
-    row.try_get(column).map_err(|e| StoreError::Corrupt(format!("column {column}: {e}")))
+fn get<T>(value: Result<T, sqlx::Error>, column: &str) -> StoreResult<T> {
+    value.map_err(|e| StoreError::Corrupt(format!("column {column}: {e}")))
 }
 
 fn json<T: DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
@@ -74,12 +114,7 @@ fn deployment(value: &str) -> StoreResult<DeploymentType> {
 /// agents, leaving out those whose rows cannot be decoded.
 pub(crate) fn decode_agents<R>(rows: &[R]) -> Loaded
 where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
     let mut decoder = Decoder::default();
     for row in rows {
@@ -93,12 +128,7 @@ where
 pub(crate) async fn collect_agents<'e, R, S>(mut rows: S) -> StoreResult<Loaded>
 where
     S: futures_util::Stream<Item = Result<R, sqlx::Error>> + Unpin + 'e,
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
     use futures_util::TryStreamExt;
     let mut decoder = Decoder::default();
@@ -138,16 +168,8 @@ struct Decoder {
 }
 
 impl Decoder {
-    fn push<R>(&mut self, row: &R)
-    where
-        R: Row,
-        &'static str: ColumnIndex<R>,
-        for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-        for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-        for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-        for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
-    {
-        let id: String = match get(row, "id") {
+    fn push<R: StoredRow>(&mut self, row: &R) {
+        let id: String = match get(row.text("id"), "id") {
             Ok(id) => id,
             Err(e) => return self.skip(None, e),
         };
@@ -181,34 +203,29 @@ impl Decoder {
 /// Adds one joined row of agent `id`: a new agent, or a capability of the last one.
 fn push_row<R>(agents: &mut Vec<AgentRecord>, row: &R, id: &str) -> StoreResult<()>
 where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
     if agents.last().is_none_or(|a| a.definition.id != id) {
-        let status: String = get(row, "reported_status")?;
+        let status: String = get(row.text("reported_status"), "reported_status")?;
         agents.push(AgentRecord {
             definition: AgentDefinition {
-                base_url: get(row, "base_url")?,
-                transport: transport(&get::<R, String>(row, "transport")?)?,
-                version: get(row, "version")?,
-                deployment_type: deployment(&get::<R, String>(row, "deployment_type")?)?,
-                tags: json(&get::<R, String>(row, "tags")?, "agent tags")?,
+                base_url: get(row.text("base_url"), "base_url")?,
+                transport: transport(&get(row.text("transport"), "transport")?)?,
+                version: get(row.text("version"), "version")?,
+                deployment_type: deployment(&get(row.text("deployment_type"), "deployment_type")?)?,
+                tags: json(&get(row.text("tags"), "tags")?, "agent tags")?,
                 reasoners: Vec::new(),
                 skills: Vec::new(),
                 id: id.to_owned(),
             },
-            registered_at: from_ms(get(row, "registered_at_ms")?),
-            updated_at: from_ms(get(row, "updated_at_ms")?),
-            last_heartbeat: from_ms(get(row, "last_heartbeat_ms")?),
+            registered_at: from_ms(get(row.int("registered_at_ms"), "registered_at_ms")?),
+            updated_at: from_ms(get(row.int("updated_at_ms"), "updated_at_ms")?),
+            last_heartbeat: from_ms(get(row.int("last_heartbeat_ms"), "last_heartbeat_ms")?),
             reported_status: ReportedStatus::parse(&status)
                 .ok_or_else(|| StoreError::Corrupt(format!("unknown reported status `{status}`")))?,
         });
     }
-    let Some(cap_id) = get::<R, Option<String>>(row, "cap_id")? else {
+    let Some(cap_id) = get(row.maybe_text("cap_id"), "cap_id")? else {
         return Ok(());
     };
     let in_capability = |e: StoreError| match e {
@@ -229,26 +246,23 @@ where
 /// The capability columns of a joined row, with its kind.
 fn capability<R>(row: &R, id: String) -> StoreResult<(String, Capability)>
 where
-    R: Row,
-    &'static str: ColumnIndex<R>,
-    for<'r> Option<String>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Option<bool>: Decode<'r, R::Database> + Type<R::Database>,
+    R: StoredRow,
 {
-    let kind: String = get::<R, Option<String>>(row, "cap_kind")?.unwrap_or_default();
+    let kind: String = get(row.maybe_text("cap_kind"), "cap_kind")?.unwrap_or_default();
     let schema = |column| -> StoreResult<Option<RawJson>> {
-        get::<R, Option<String>>(row, column)?
+        get(row.maybe_text(column), column)?
             .map(|text| RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}"))))
             .transpose()
     };
     let capability = Capability {
         id,
-        description: get::<R, Option<String>>(row, "cap_description")?.unwrap_or_default(),
-        tags: json(&get::<R, Option<String>>(row, "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
+        description: get(row.maybe_text("cap_description"), "cap_description")?.unwrap_or_default(),
+        tags: json(&get(row.maybe_text("cap_tags"), "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
         input_schema: schema("cap_input_schema")?,
         output_schema: schema("cap_output_schema")?,
-        examples: raw_list(&get::<R, Option<String>>(row, "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
-        endpoint: get::<R, Option<String>>(row, "cap_endpoint")?.unwrap_or_default(),
-        internal: get::<R, Option<bool>>(row, "cap_internal")?.unwrap_or(false),
+        examples: raw_list(&get(row.maybe_text("cap_examples"), "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
+        endpoint: get(row.maybe_text("cap_endpoint"), "cap_endpoint")?.unwrap_or_default(),
+        internal: get(row.maybe_bool("cap_internal"), "cap_internal")?.unwrap_or(false),
     };
     Ok((kind, capability))
 }

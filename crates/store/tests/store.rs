@@ -220,20 +220,76 @@ async fn postgres_interaction_log() {
     interaction_log(Backend::Postgres).await;
 }
 
-/// Runs one statement on the test database behind the store's back, as a
-/// hand edit or a faulty tool would.
+/// Runs SQL on the test database behind the store's back, as a hand edit,
+/// a faulty tool or an earlier release would.
 async fn execute(db: &TestDatabase, backend: Backend, sql: &'static str) {
+    try_execute(db, backend, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn try_execute(db: &TestDatabase, backend: Backend, sql: &'static str) -> Result<(), sqlx::Error> {
     use sqlx::Connection;
     match backend {
         Backend::Sqlite => {
-            let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
-            sqlx::query(sql).execute(&mut conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let options: sqlx::sqlite::SqliteConnectOptions = db.url.parse()?;
+            let mut conn = sqlx::SqliteConnection::connect_with(&options.create_if_missing(true)).await?;
+            sqlx::raw_sql(sql).execute(&mut conn).await?;
         }
         Backend::Postgres => {
-            let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
-            sqlx::query(sql).execute(&mut conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let mut conn = sqlx::PgConnection::connect(&db.url).await?;
+            sqlx::raw_sql(sql).execute(&mut conn).await?;
         }
     }
+    Ok(())
+}
+
+/// A database an earlier release made (its tables, its own record of the
+/// migrations applied, no sqlx record) is brought up to date with its data;
+/// one whose applied script was changed since is refused.
+async fn databases_of_earlier_releases_are_migrated(backend: Backend) {
+    let Some(db) = TestDatabase::new(backend).await else { return };
+    let scripts: [&'static str; 4] = match backend {
+        Backend::Postgres => [
+            include_str!("../migrations/postgres/0001_agents.sql"),
+            include_str!("../migrations/postgres/0002_llm_interactions.sql"),
+            include_str!("../migrations/postgres/0003_executions.sql"),
+            include_str!("../migrations/postgres/0004_orchestration_events.sql"),
+        ],
+        Backend::Sqlite => [
+            include_str!("../migrations/sqlite/0001_agents.sql"),
+            include_str!("../migrations/sqlite/0002_llm_interactions.sql"),
+            include_str!("../migrations/sqlite/0003_executions.sql"),
+            include_str!("../migrations/sqlite/0004_orchestration_events.sql"),
+        ],
+    };
+    for script in scripts {
+        execute(&db, backend, script).await;
+    }
+    execute(
+        &db,
+        backend,
+        "CREATE TABLE agentmesh_schema_migrations (version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+         applied_at_ms BIGINT NOT NULL); \
+         INSERT INTO agentmesh_schema_migrations VALUES (1, 'agents', 0), (2, 'log', 0), (3, 'executions', 0), (4, 'events', 0); \
+         INSERT INTO agentmesh_agents VALUES ('old-agent', 'http://127.0.0.1:9', 'http', '1', 'long_running', '[]', \
+         'active', 5, 5, 5)",
+    )
+    .await;
+
+    let store = connect(&db.url).await.unwrap_or_else(|e| panic!("an earlier release's database: {e}"));
+    let old = store.get("old-agent").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(old.map(|a| a.definition.base_url), Some("http://127.0.0.1:9".to_owned()), "data is kept");
+    drop(store);
+    let old_record = try_execute(&db, backend, "SELECT * FROM agentmesh_schema_migrations").await;
+    assert!(old_record.is_err(), "the earlier record of migrations is dropped");
+    connect(&db.url).await.unwrap_or_else(|e| panic!("opening it again: {e}"));
+
+    let tamper = match backend {
+        Backend::Postgres => "UPDATE _sqlx_migrations SET checksum = '\\x00'::bytea WHERE version = 2",
+        Backend::Sqlite => "UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 2",
+    };
+    execute(&db, backend, tamper).await;
+    let refused = connect(&db.url).await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(refused.contains("migrating the database") && refused.contains("2"), "{refused}");
 }
 
 /// A stored agent whose rows cannot be read is left out of bulk reads
@@ -300,4 +356,4 @@ async fn corrupt_rows_are_skipped(backend: Backend) {
     assert!(listed.agents.iter().any(|a| a.id() == "c-agent"));
 }
 
-agentmesh_testkit::both_backends!(corrupt_rows_are_skipped);
+agentmesh_testkit::both_backends!(corrupt_rows_are_skipped, databases_of_earlier_releases_are_migrated);

@@ -380,8 +380,20 @@ async fn only_registered_callable_agents_are_ever_called(backend: Backend) {
     let mut metadata = agent.registration("metadata", &[("work", None)]);
     metadata["base_url"] = json!("http://169.254.169.254:80");
     mesh.register(&metadata).await;
-    mesh.register(&agent.registration("gone", &[("work", None)])).await;
+    let gone = FakeAgent::start(vec![("work", Behavior::Echo(Duration::ZERO))]).await.unwrap();
+    mesh.register(&gone.registration("gone", &[("work", None)])).await;
     mesh.deregister("gone").await;
+    // The executor hears of a removal through discovery's watch stream, a
+    // moment after it is made: wait for that moment.
+    let started = std::time::Instant::now();
+    loop {
+        let events = mesh.run(plan(vec![step("s1", "gone", "work", json!({}), &[])]), options(0, 2_000)).await.unwrap();
+        if !of_kind(&events, Kind::StepFailed).is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the executor still calls a deregistered agent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let p = plan(vec![
         step("s1", "time-tool-v1", "get_current_time", json!({}), &[]),
         step("s2", "my-orchestrator", "work", json!({}), &[]),

@@ -139,15 +139,7 @@ pub async fn serve_with_listener(
         .route("/api/v1/orchestrate", axum::routing::post(rest::orchestrate))
         .route("/api/v1/orchestrations/{request_id}/events", axum::routing::get(rest::resume))
         .with_state(shared);
-    let purge = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(600));
-        loop {
-            tick.tick().await;
-            if let Err(e) = log.purge_expired(chrono::Utc::now().timestamp_millis()).await {
-                tracing::warn!(error = %e, "could not purge expired orchestration events");
-            }
-        }
-    });
+    let purge = agentmesh_store::spawn_orchestration_purge(log);
     let result = agentmesh_server::Service::new("gateway", SERVICE_NAME, tonic::service::Routes::new(server))
         .http(rest)
         .metrics(move || metrics.render())

@@ -1,4 +1,4 @@
-CREATE TABLE agentmesh_agents (
+CREATE TABLE IF NOT EXISTS agentmesh_agents (
     id TEXT COLLATE "C" PRIMARY KEY,
     base_url TEXT NOT NULL,
     transport TEXT NOT NULL,
@@ -11,7 +11,7 @@ CREATE TABLE agentmesh_agents (
     last_heartbeat_ms BIGINT NOT NULL
 );
 
-CREATE TABLE agentmesh_capabilities (
+CREATE TABLE IF NOT EXISTS agentmesh_capabilities (
     agent_id TEXT COLLATE "C" NOT NULL REFERENCES agentmesh_agents (id) ON DELETE CASCADE,
     id TEXT NOT NULL,
     kind TEXT NOT NULL,
@@ -26,4 +26,4 @@ CREATE TABLE agentmesh_capabilities (
     PRIMARY KEY (agent_id, id)
 );
 
-CREATE INDEX agentmesh_capabilities_by_position ON agentmesh_capabilities (agent_id, position);
+CREATE INDEX IF NOT EXISTS agentmesh_capabilities_by_position ON agentmesh_capabilities (agent_id, position);

@@ -1,4 +1,4 @@
-CREATE TABLE agentmesh_llm_interactions (
+CREATE TABLE IF NOT EXISTS agentmesh_llm_interactions (
     id BIGSERIAL PRIMARY KEY,
     request_id TEXT NOT NULL,
     kind TEXT NOT NULL,
@@ -15,5 +15,5 @@ CREATE TABLE agentmesh_llm_interactions (
     expires_at_ms BIGINT NOT NULL
 );
 
-CREATE INDEX agentmesh_llm_interactions_by_request ON agentmesh_llm_interactions (request_id, id);
-CREATE INDEX agentmesh_llm_interactions_by_expiry ON agentmesh_llm_interactions (expires_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_llm_interactions_by_request ON agentmesh_llm_interactions (request_id, id);
+CREATE INDEX IF NOT EXISTS agentmesh_llm_interactions_by_expiry ON agentmesh_llm_interactions (expires_at_ms);

@@ -1,4 +1,4 @@
-CREATE TABLE agentmesh_executions (
+CREATE TABLE IF NOT EXISTS agentmesh_executions (
     id TEXT PRIMARY KEY,
     request_id TEXT NOT NULL,
     status TEXT NOT NULL,
@@ -15,14 +15,14 @@ CREATE TABLE agentmesh_executions (
     finished_at_ms BIGINT
 );
 
-CREATE INDEX agentmesh_executions_unfinished ON agentmesh_executions (lease_expires_at_ms)
+CREATE INDEX IF NOT EXISTS agentmesh_executions_unfinished ON agentmesh_executions (lease_expires_at_ms)
     WHERE status IN ('pending', 'running');
-CREATE INDEX agentmesh_executions_by_owner ON agentmesh_executions (owner) WHERE status IN ('pending', 'running');
-CREATE INDEX agentmesh_executions_by_request ON agentmesh_executions (request_id, created_at_ms);
-CREATE INDEX agentmesh_executions_newest ON agentmesh_executions (created_at_ms DESC, id DESC);
-CREATE INDEX agentmesh_executions_by_finish ON agentmesh_executions (finished_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_owner ON agentmesh_executions (owner) WHERE status IN ('pending', 'running');
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_request ON agentmesh_executions (request_id, created_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_newest ON agentmesh_executions (created_at_ms DESC, id DESC);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_finish ON agentmesh_executions (finished_at_ms);
 
-CREATE TABLE agentmesh_execution_events (
+CREATE TABLE IF NOT EXISTS agentmesh_execution_events (
     execution_id TEXT NOT NULL REFERENCES agentmesh_executions (id) ON DELETE CASCADE,
     sequence BIGINT NOT NULL,
     kind TEXT NOT NULL,

@@ -1,4 +1,4 @@
-CREATE TABLE agentmesh_executions (
+CREATE TABLE IF NOT EXISTS agentmesh_executions (
     id TEXT PRIMARY KEY,
     request_id TEXT NOT NULL,
     status TEXT NOT NULL,
@@ -15,12 +15,12 @@ CREATE TABLE agentmesh_executions (
     finished_at_ms INTEGER
 );
 
-CREATE INDEX agentmesh_executions_by_status ON agentmesh_executions (status);
-CREATE INDEX agentmesh_executions_by_request ON agentmesh_executions (request_id, created_at_ms);
-CREATE INDEX agentmesh_executions_newest ON agentmesh_executions (created_at_ms DESC, id DESC);
-CREATE INDEX agentmesh_executions_by_finish ON agentmesh_executions (finished_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_status ON agentmesh_executions (status);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_request ON agentmesh_executions (request_id, created_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_newest ON agentmesh_executions (created_at_ms DESC, id DESC);
+CREATE INDEX IF NOT EXISTS agentmesh_executions_by_finish ON agentmesh_executions (finished_at_ms);
 
-CREATE TABLE agentmesh_execution_events (
+CREATE TABLE IF NOT EXISTS agentmesh_execution_events (
     execution_id TEXT NOT NULL REFERENCES agentmesh_executions (id) ON DELETE CASCADE,
     sequence INTEGER NOT NULL,
     kind TEXT NOT NULL,

@@ -1,4 +1,4 @@
-CREATE TABLE agentmesh_orchestration_events (
+CREATE TABLE IF NOT EXISTS agentmesh_orchestration_events (
     request_id TEXT NOT NULL,
     sequence BIGINT NOT NULL,
     round BIGINT NOT NULL,
@@ -9,4 +9,4 @@ CREATE TABLE agentmesh_orchestration_events (
     PRIMARY KEY (request_id, sequence)
 );
 
-CREATE INDEX agentmesh_orchestration_events_by_expiry ON agentmesh_orchestration_events (expires_at_ms);
+CREATE INDEX IF NOT EXISTS agentmesh_orchestration_events_by_expiry ON agentmesh_orchestration_events (expires_at_ms);

@@ -22,6 +22,7 @@ pub use postgres::PostgresExecutions;
 pub use sqlite::SqliteExecutions;
 
 use crate::StoreResult;
+use crate::rows::StoredRow;
 
 /// Name of the PostgreSQL notification channel carrying execution changes.
 pub const EXECUTIONS_CHANNEL: &str = "agentmesh_executions";
@@ -231,43 +232,35 @@ pub(crate) use select_executions;
 
 pub(crate) fn decode_execution<R>(row: &R) -> StoreResult<ExecutionRow>
 where
-    R: sqlx::Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database>,
+    R: StoredRow,
 {
     Ok(ExecutionRow {
-        id: row.try_get("id")?,
-        request_id: row.try_get("request_id")?,
-        status: row.try_get("status")?,
-        spec: row.try_get("spec")?,
-        traceparent: row.try_get("traceparent")?,
-        last_sequence: row.try_get("last_sequence")?,
-        steps: row.try_get("steps")?,
-        owner: row.try_get("owner")?,
-        lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
-        cancel_requested: row.try_get("cancel_requested")?,
-        error: row.try_get("error")?,
-        created_at: crate::from_ms(row.try_get("created_at_ms")?),
-        finished_at: row.try_get::<Option<i64>, _>("finished_at_ms")?.map(crate::from_ms),
+        id: row.text("id")?,
+        request_id: row.text("request_id")?,
+        status: row.text("status")?,
+        spec: row.text("spec")?,
+        traceparent: row.text("traceparent")?,
+        last_sequence: row.int("last_sequence")?,
+        steps: row.int("steps")?,
+        owner: row.maybe_text("owner")?,
+        lease_expires_at_ms: row.maybe_int("lease_expires_at_ms")?,
+        cancel_requested: row.maybe_text("cancel_requested")?,
+        error: row.text("error")?,
+        created_at: crate::from_ms(row.int("created_at_ms")?),
+        finished_at: row.maybe_int("finished_at_ms")?.map(crate::from_ms),
     })
 }
 
 pub(crate) fn decode_event<R>(row: &R) -> StoreResult<EventRow>
 where
-    R: sqlx::Row,
-    for<'c> &'c str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    R: StoredRow,
 {
     Ok(EventRow {
-        sequence: row.try_get("sequence")?,
-        kind: row.try_get("kind")?,
-        step_id: row.try_get("step_id")?,
-        attempt: row.try_get("attempt")?,
-        payload: row.try_get("payload")?,
-        occurred_at_ms: row.try_get("occurred_at_ms")?,
+        sequence: row.int("sequence")?,
+        kind: row.text("kind")?,
+        step_id: row.text("step_id")?,
+        attempt: row.int("attempt")?,
+        payload: row.text("payload")?,
+        occurred_at_ms: row.int("occurred_at_ms")?,
     })
 }

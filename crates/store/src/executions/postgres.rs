@@ -2,10 +2,8 @@
 //! batches written with three statements whatever their size, and every
 //! change announced with `pg_notify` in the transaction that makes it.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::PgPool;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -30,35 +28,12 @@ impl Drop for PostgresExecutions {
 }
 
 impl PostgresExecutions {
-    /// Connects, runs migrations and starts listening for changes.
-    pub async fn connect(url: &str) -> StoreResult<Self> {
-        let pool = crate::postgres::open(url).await?;
+    /// Uses a migrated pool and starts listening for changes.
+    pub(crate) async fn new(pool: PgPool) -> StoreResult<Self> {
         let (notices, _) = broadcast::channel(16_384);
-        let listener = crate::postgres::listen(&pool, EXECUTIONS_CHANNEL).await?;
-        let listener = tokio::spawn(forward(listener, notices.clone()));
+        let listener =
+            crate::postgres::forward(&pool, EXECUTIONS_CHANNEL, notices.clone(), ExecutionNotice::Resync).await?;
         Ok(Self { pool, notices, listener })
-    }
-}
-
-async fn forward(mut listener: PgListener, notices: broadcast::Sender<ExecutionNotice>) {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(notification)) => match serde_json::from_str::<ExecutionNotice>(notification.payload()) {
-                Ok(notice) => {
-                    let _ = notices.send(notice);
-                }
-                Err(e) => tracing::warn!(error = %e, "ignoring a malformed execution notification"),
-            },
-            Ok(None) => {
-                tracing::warn!("execution listener reconnected; re-reading what watchers follow");
-                let _ = notices.send(ExecutionNotice::Resync);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "execution listener failed; retrying in 1s");
-                let _ = notices.send(ExecutionNotice::Resync);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 

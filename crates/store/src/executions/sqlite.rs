@@ -21,11 +21,10 @@ pub struct SqliteExecutions {
 }
 
 impl SqliteExecutions {
-    /// Opens (creating if missing) the database a `sqlite:` URL names and runs migrations.
-    pub async fn connect(url: &str) -> StoreResult<Self> {
-        let pool = crate::sqlite::open(url).await?;
+    /// Uses a migrated pool.
+    pub(crate) fn new(pool: SqlitePool) -> Self {
         let (notices, _) = broadcast::channel(16_384);
-        Ok(Self { pool, notices, write_lock: tokio::sync::Mutex::new(()) })
+        Self { pool, notices, write_lock: tokio::sync::Mutex::new(()) }
     }
 
     fn announce(&self, notice: ExecutionNotice) {
