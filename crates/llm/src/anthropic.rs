@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
 use crate::http::{Failure, Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
@@ -29,27 +30,16 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// Settings of the Anthropic provider (`Debug` never shows the key).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AnthropicConfig {
     /// Base URL, up to and without `/v1/messages`.
     pub base_url: String,
     /// Model name or alias (`sonnet`, `opus`, `haiku`).
     pub model: String,
     /// API key (`x-api-key`; read from the environment by the caller, never logged).
-    pub api_key: Option<String>,
+    pub api_key: Option<SecretString>,
     /// Timeouts, retries, extra CA.
     pub http: HttpSettings,
-}
-
-impl std::fmt::Debug for AnthropicConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
-            .field("http", &self.http)
-            .finish()
-    }
 }
 
 impl AnthropicConfig {
@@ -84,7 +74,7 @@ impl Anthropic {
         let endpoint = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
         let mut headers = vec![("anthropic-version", ANTHROPIC_VERSION.to_owned())];
         if let Some(key) = &config.api_key {
-            headers.push(("x-api-key", key.clone()));
+            headers.push(("x-api-key", key.expose_secret().to_owned()));
         }
         // The configured model may itself be an alias (`--llm anthropic:sonnet`).
         let model = models::choose(Family::Anthropic, &config.model, Some(&config.model));

@@ -12,6 +12,7 @@ use crate::openai::{OPENAI_BASE_URL, OpenAiCompatible, OpenAiConfig};
 use crate::replay::ReplayProvider;
 use crate::{Completion, CompletionRequest, HttpSettings, LlmError, LlmProvider, StructuredMode, StructuredSetting};
 use async_trait::async_trait;
+use secrecy::SecretString;
 
 /// Tries providers in order.
 pub struct FallbackChain {
@@ -107,7 +108,7 @@ fn require_key(
     spec: &str,
     base_url: &str,
     public: &str,
-    key: Option<&String>,
+    key: Option<&SecretString>,
     variables: &str,
 ) -> Result<(), LlmError> {
     if key.is_none() && base_url.trim_end_matches('/') == public {
@@ -174,7 +175,7 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                     _ => base("OPENAI_BASE_URL", OPENAI_BASE_URL),
                 };
                 let mut config = OpenAiConfig::new(with_scheme(url)?, rest);
-                config.api_key = env("OPENAI_API_KEY");
+                config.api_key = env("OPENAI_API_KEY").map(SecretString::from);
                 require_key(entry, &config.base_url, OPENAI_BASE_URL, config.api_key.as_ref(), "OPENAI_API_KEY")?;
                 config.structured = structured;
                 config.family = if kind == "openai" && config.base_url == OPENAI_BASE_URL {
@@ -188,14 +189,14 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
             "anthropic" => {
                 let mut config =
                     AnthropicConfig::new(with_scheme(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL))?, rest);
-                config.api_key = env("ANTHROPIC_API_KEY");
+                config.api_key = env("ANTHROPIC_API_KEY").map(SecretString::from);
                 require_key(entry, &config.base_url, ANTHROPIC_BASE_URL, config.api_key.as_ref(), "ANTHROPIC_API_KEY")?;
                 config.http = options.http.clone();
                 providers.push(Box::new(Anthropic::new(config)?));
             }
             "gemini" | "google" => {
                 let mut config = GeminiConfig::new(with_scheme(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL))?, rest);
-                config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY"));
+                config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY")).map(SecretString::from);
                 require_key(
                     entry,
                     &config.base_url,

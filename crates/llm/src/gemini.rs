@@ -17,6 +17,7 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::http::{Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
@@ -27,27 +28,16 @@ use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffor
 pub const GEMINI_BASE_URL: &str = "https://generativelanguage.googleapis.com";
 
 /// Settings of the Gemini provider (`Debug` never shows the key).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct GeminiConfig {
     /// Base URL, up to and without `/v1beta/models/…`.
     pub base_url: String,
     /// Model name or alias (`flash`, `pro`).
     pub model: String,
     /// API key (`x-goog-api-key`; read from the environment by the caller, never logged).
-    pub api_key: Option<String>,
+    pub api_key: Option<SecretString>,
     /// Timeouts, retries, extra CA.
     pub http: HttpSettings,
-}
-
-impl std::fmt::Debug for GeminiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeminiConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
-            .field("http", &self.http)
-            .finish()
-    }
 }
 
 impl GeminiConfig {
@@ -192,7 +182,7 @@ impl Gemini {
     /// A provider with the given settings.
     pub fn new(config: GeminiConfig) -> Result<Self, LlmError> {
         let http = Http::new(&config.http)?;
-        let headers = config.api_key.iter().map(|key| ("x-goog-api-key", key.clone())).collect();
+        let headers = config.api_key.iter().map(|key| ("x-goog-api-key", key.expose_secret().to_owned())).collect();
         let model = models::choose(Family::Gemini, &config.model, Some(&config.model));
         Ok(Self { base_url: config.base_url.trim_end_matches('/').to_owned(), model, headers, http })
     }

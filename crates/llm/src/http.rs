@@ -1,10 +1,12 @@
 //! The HTTP side every provider shares: one client (HTTPS through rustls
 //! with the system's roots plus an optional extra CA), one way to classify a
-//! failed exchange, retries with backoff, and server-sent events.
+//! failed exchange, retries with backoff, and server-sent events (read by
+//! `sse-stream`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use futures_util::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use crate::{LlmError, RetryPolicy};
@@ -209,35 +211,48 @@ impl Http {
         post: &Post<'_>,
         on_event: &mut (dyn FnMut(SseEvent) -> Result<(), LlmError> + Send),
     ) -> Result<(), Failure> {
-        let mut response = self.with_retries(post.url, || self.attempt(post)).await?;
+        let response = self.with_retries(post.url, || self.attempt(post)).await?;
         let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
         if !content_type.is_empty() && !content_type.contains("event-stream") {
             return Err(Failure::Fatal(LlmError::InvalidResponse(format!(
                 "asked for a stream, the server answered with `{content_type}`; it may not support streaming"
             ))));
         }
-        let mut parser = SseParser::default();
+        let limit = self.max_response_bytes;
         let mut read = 0usize;
-        loop {
-            let chunk = response.chunk().await.map_err(|e| {
-                Failure::Fatal(LlmError::Unavailable {
-                    attempts: 1,
-                    message: format!("stream cut: {}", error_chain(&e)),
-                })
-            })?;
-            let Some(chunk) = chunk else { break };
+        let body = futures_util::stream::try_unfold(response, |mut response| async move {
+            Ok::<_, ReadError>(response.chunk().await.map_err(ReadError::Cut)?.map(|chunk| (chunk, response)))
+        })
+        .and_then(move |chunk| {
             read += chunk.len();
-            if read > self.max_response_bytes {
-                return Err(Failure::Fatal(too_large(self.max_response_bytes)));
-            }
-            for event in parser.push(&chunk) {
-                on_event(event).map_err(Failure::Fatal)?;
-            }
-        }
-        for event in parser.finish() {
-            on_event(event).map_err(Failure::Fatal)?;
+            std::future::ready(if read > limit { Err(ReadError::TooLarge) } else { Ok(chunk) })
+        });
+        let mut events = std::pin::pin!(sse_events(body));
+        while let Some(event) = events.next().await {
+            on_event(event.map_err(|e| Failure::Fatal(stream_failure(&e, limit)))?).map_err(Failure::Fatal)?;
         }
         Ok(())
+    }
+}
+
+/// Why reading a streamed answer stopped.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("stream cut: {}", error_chain(.0))]
+    Cut(reqwest::Error),
+    #[error("too large")]
+    TooLarge,
+}
+
+/// What a failed event stream means for the call.
+fn stream_failure(e: &sse_stream::Error, limit: usize) -> LlmError {
+    match e {
+        sse_stream::Error::Body(cause) => match cause.downcast_ref::<ReadError>() {
+            Some(ReadError::TooLarge) => too_large(limit),
+            Some(cut @ ReadError::Cut(_)) => LlmError::Unavailable { attempts: 1, message: cut.to_string() },
+            None => LlmError::Unavailable { attempts: 1, message: format!("stream cut: {cause}") },
+        },
+        other => LlmError::InvalidResponse(format!("the event stream cannot be read: {other}")),
     }
 }
 
@@ -260,6 +275,19 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The server-sent events of a body read chunk by chunk: every event that
+/// carries data, the last one too when the server ended the stream without
+/// a blank line.
+pub(crate) fn sse_events<S, E>(body: S) -> impl futures_util::Stream<Item = Result<SseEvent, sse_stream::Error>>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Send,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let body = body.chain(futures_util::stream::once(std::future::ready(Ok(bytes::Bytes::from_static(b"\n\n")))));
+    sse_stream::SseByteStream::new(Box::pin(body))
+        .try_filter_map(|e| std::future::ready(Ok(e.data.map(|data| SseEvent { event: e.event, data }))))
+}
+
 /// One server-sent event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct SseEvent {
@@ -267,67 +295,6 @@ pub(crate) struct SseEvent {
     pub event: Option<String>,
     /// The `data:` lines, joined by newlines.
     pub data: String,
-}
-
-/// An incremental parser of `text/event-stream`: bytes in, complete events out.
-#[derive(Default)]
-pub(crate) struct SseParser {
-    buffer: Vec<u8>,
-    current: SseEvent,
-    has_data: bool,
-}
-
-impl SseParser {
-    /// Feeds bytes; returns the events they complete.
-    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
-        self.buffer.extend_from_slice(bytes);
-        let mut events = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.buffer.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\n', '\r']);
-            self.line(line, &mut events);
-        }
-        events
-    }
-
-    /// The last event, when the stream ends without a blank line.
-    pub(crate) fn finish(&mut self) -> Vec<SseEvent> {
-        let mut events = Vec::new();
-        if !self.buffer.is_empty() {
-            let rest = String::from_utf8_lossy(&std::mem::take(&mut self.buffer)).into_owned();
-            self.line(rest.trim_end_matches('\r'), &mut events);
-        }
-        self.line("", &mut events);
-        events
-    }
-
-    fn line(&mut self, line: &str, events: &mut Vec<SseEvent>) {
-        if line.is_empty() {
-            if self.has_data {
-                events.push(std::mem::take(&mut self.current));
-            }
-            self.current = SseEvent::default();
-            self.has_data = false;
-            return;
-        }
-        if line.starts_with(':') {
-            return;
-        }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "event" => self.current.event = Some(value.to_owned()),
-            "data" => {
-                if self.has_data {
-                    self.current.data.push('\n');
-                }
-                self.current.data.push_str(value);
-                self.has_data = true;
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Parses an event's data as JSON.
@@ -348,20 +315,37 @@ pub(crate) fn count(value: &Value) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
+
     use super::*;
+
+    /// The events of a body arriving in `chunks`.
+    fn events_of(chunks: &[&[u8]]) -> Vec<SseEvent> {
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+            chunks.iter().map(|c| Ok(bytes::Bytes::copy_from_slice(c))).collect();
+        let events = sse_events(futures_util::stream::iter(chunks)).collect::<Vec<_>>().now_or_never();
+        events.unwrap_or_default().into_iter().filter_map(Result::ok).collect()
+    }
 
     #[test]
     fn sse_events_split_across_chunks_and_lines() {
-        let mut p = SseParser::default();
-        assert!(p.push(b"event: message_start\ndata: {\"a\"").is_empty());
-        let events = p.push(b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\ndata: [DONE]");
+        let events = events_of(&[
+            b"event: message_start\ndata: {\"a\"",
+            b":1}\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\ndata: [DONE]",
+        ]);
         assert_eq!(
             events,
             vec![
                 SseEvent { event: Some("message_start".into()), data: "{\"a\":1}".into() },
                 SseEvent { event: None, data: "x\ny".into() },
+                SseEvent { event: None, data: "[DONE]".into() },
             ]
         );
-        assert_eq!(p.finish(), vec![SseEvent { event: None, data: "[DONE]".into() }]);
+    }
+
+    #[test]
+    fn a_lone_carriage_return_ends_a_line() {
+        let events = events_of(&[b"data: one\r\rdata: two\r", b"\r"]);
+        assert_eq!(events.iter().map(|e| e.data.as_str()).collect::<Vec<_>>(), ["one", "two"]);
     }
 }

@@ -26,7 +26,6 @@ mod http;
 pub mod models;
 pub mod openai;
 pub mod replay;
-mod retry;
 pub mod settings;
 mod traced;
 
@@ -37,8 +36,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use agentmesh_telemetry::http::RetryPolicy;
 pub use http::{DEFAULT_MAX_RESPONSE_BYTES, HttpSettings, client_builder, install_tls_provider};
-pub use retry::RetryPolicy;
 pub use settings::LlmSettings;
 pub use traced::generate_traced;
 
@@ -213,11 +212,6 @@ pub struct Completion {
 /// How often readiness checks probe an LLM's server (a TCP connection, no
 /// request): a hosted API is not asked every few seconds.
 pub const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// `Debug` for a secret: whether it is set, never its value.
-pub(crate) fn redacted(secret: Option<&String>) -> &'static str {
-    if secret.is_some() { "Some(\"***\")" } else { "None" }
-}
 
 /// Why a completion failed.
 #[derive(Debug, thiserror::Error)]

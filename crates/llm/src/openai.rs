@@ -15,6 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
 use crate::http::{Failure, Http, HttpSettings, Post, count, event_json, truncate};
@@ -28,14 +29,14 @@ use crate::{
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// Settings of an OpenAI-compatible provider (`Debug` never shows the key).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct OpenAiConfig {
     /// Base URL, up to and without `/chat/completions`.
     pub base_url: String,
     /// Model name.
     pub model: String,
     /// Bearer token (read from the environment by the caller; never logged).
-    pub api_key: Option<String>,
+    pub api_key: Option<SecretString>,
     /// How to ask for JSON that fits a schema.
     pub structured: StructuredSetting,
     /// Treat the model as a reasoning model (`max_completion_tokens`,
@@ -45,20 +46,6 @@ pub struct OpenAiConfig {
     pub family: Family,
     /// Timeouts, retries, extra CA.
     pub http: HttpSettings,
-}
-
-impl std::fmt::Debug for OpenAiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &format_args!("{}", crate::redacted(self.api_key.as_ref())))
-            .field("structured", &self.structured)
-            .field("reasoning", &self.reasoning)
-            .field("family", &self.family)
-            .field("http", &self.http)
-            .finish()
-    }
 }
 
 impl OpenAiConfig {
@@ -135,7 +122,8 @@ impl OpenAiCompatible {
         // The configured model may itself be an alias (`--llm openai:fast`).
         config.model = models::choose(config.family, &config.model, Some(&config.model));
         let endpoint = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        let headers = config.api_key.iter().map(|key| ("authorization", format!("Bearer {key}"))).collect();
+        let headers =
+            config.api_key.iter().map(|key| ("authorization", format!("Bearer {}", key.expose_secret()))).collect();
         Ok(Self { config, endpoint, headers, http })
     }
 

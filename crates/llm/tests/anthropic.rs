@@ -26,7 +26,7 @@ fn plan_request() -> CompletionRequest {
 
 fn provider(server: &ScriptedLlmServer, model: &str) -> Anthropic {
     let mut config = AnthropicConfig::new(server.url(), model);
-    config.api_key = Some("sk-ant-test-secret".into());
+    config.api_key = Some(secrecy::SecretString::from("sk-ant-test-secret"));
     config.http.retry =
         RetryPolicy { max_retries: 2, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
     Anthropic::new(config).unwrap_or_else(|e| panic!("{e}"))

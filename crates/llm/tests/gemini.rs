@@ -33,7 +33,7 @@ fn plan_request() -> CompletionRequest {
 
 fn provider(server: &ScriptedLlmServer, model: &str) -> Gemini {
     let mut config = GeminiConfig::new(server.url(), model);
-    config.api_key = Some("gemini-test-secret".into());
+    config.api_key = Some(secrecy::SecretString::from("gemini-test-secret"));
     config.http.retry =
         RetryPolicy { max_retries: 2, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
     Gemini::new(config).unwrap_or_else(|e| panic!("{e}"))

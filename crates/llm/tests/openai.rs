@@ -29,7 +29,7 @@ fn plan_request() -> CompletionRequest {
 fn provider(server: &ScriptedLlmServer, model: &str, structured: StructuredSetting) -> OpenAiCompatible {
     let mut config = OpenAiConfig::new(format!("{}/v1", server.url()), model);
     config.structured = structured;
-    config.api_key = Some("sk-test-secret".into());
+    config.api_key = Some(secrecy::SecretString::from("sk-test-secret"));
     config.http.retry =
         RetryPolicy { max_retries: 2, base_delay: Duration::from_millis(5), max_delay: Duration::from_millis(50) };
     OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"))
@@ -442,7 +442,7 @@ async fn a_mode_a_server_never_accepts_is_learned_per_model() {
 #[test]
 fn the_api_key_never_appears_in_debug_output() {
     let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", "gpt-4o-mini");
-    config.api_key = Some("sk-test-secret".into());
+    config.api_key = Some(secrecy::SecretString::from("sk-test-secret"));
     let shown = format!("{config:?}");
     assert!(!shown.contains("sk-test-secret") && shown.contains("api_key"), "{shown}");
 }

@@ -42,6 +42,49 @@ pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
     Some(wait.to_std().unwrap_or_default().min(LONGEST_RETRY_AFTER))
 }
 
+/// When and how often an outbound call (to a model, to an agent) is tried
+/// again; one policy for every caller. Delays grow exponentially from
+/// `base_delay`, doubling, each jittered down to as little as half (so that
+/// calls failing together do not retry together) and never above
+/// `max_delay`; a server's `Retry-After` is waited for when it asks for
+/// longer, up to `max_delay` too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// Delay before the first retry (before jitter).
+    pub base_delay: Duration,
+    /// Longest delay, `Retry-After` included.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max_retries: 3, base_delay: Duration::from_millis(250), max_delay: Duration::from_secs(20) }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (from 0), at least the server's
+    /// `retry_after` and at most `max_delay`. (`max_retries` is the
+    /// caller's to count: an execution may allow its own.)
+    pub fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        use backon::BackoffBuilder;
+        // backon jitters upwards, by up to the delay itself: starting from
+        // half the delays gives delays between half and the whole of each.
+        let backoff = backon::ExponentialBuilder::new()
+            .with_min_delay(self.base_delay / 2)
+            .with_max_delay(self.max_delay / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(usize::try_from(retry).unwrap_or(usize::MAX))
+            .unwrap_or(self.max_delay);
+        backoff.max(retry_after.unwrap_or_default()).min(self.max_delay)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +101,21 @@ mod tests {
             assert_eq!(parse_retry_after(nonsense, now), None, "{nonsense}");
         }
         assert_eq!(parse_retry_after("999999999999", now), Some(LONGEST_RETRY_AFTER));
+    }
+
+    #[test]
+    fn delays_grow_stay_jittered_and_capped() {
+        let policy =
+            RetryPolicy { max_retries: 5, base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(1) };
+        for _ in 0..50 {
+            let first = policy.delay(0, None);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+            let third = policy.delay(2, None);
+            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400), "{third:?}");
+            let late = policy.delay(30, None);
+            assert!(late >= Duration::from_millis(500) && late <= Duration::from_secs(1), "{late:?}");
+        }
+        assert_eq!(policy.delay(0, Some(Duration::from_millis(700))), Duration::from_millis(700));
+        assert_eq!(policy.delay(0, Some(Duration::from_secs(90))), Duration::from_secs(1));
     }
 }

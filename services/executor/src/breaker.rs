@@ -2,6 +2,13 @@
 //! are the agent's fault (it did not answer, or answered 5xx), calls to it
 //! fail at once with a clear error for `cooldown`; then one probe call goes
 //! through, and its outcome closes or reopens the circuit.
+//!
+//! Written here rather than taken from a crate: the maintained ones do not
+//! have these semantics. `failsafe` lets every call through while half-open
+//! (no single probe); `tower-circuitbreaker` opens on a failure rate over a
+//! window rather than on consecutive failures, and admits concurrent calls
+//! while a probe runs. Both would also count a 4xx answer, which says
+//! nothing of the agent's health, as a failure unless wrapped.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -4,9 +4,10 @@
 //! metadata services, reachable from most hosts and full of credentials)
 //! are refused, whether written as IPs or behind a hostname.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use url::Url;
 
 /// Networks refused unless allowed explicitly: IPv4 and IPv6 link-local
@@ -14,78 +15,40 @@ use url::Url;
 /// metadata address, and Alibaba Cloud's metadata address.
 pub const DEFAULT_DENY: [&str; 4] = ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"];
 
-/// An IP network, `address/prefix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    network: IpAddr,
-    prefix: u8,
-}
-
-impl Cidr {
-    /// Parses `10.0.0.0/8`, `fd00::/8` or a single address.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (address, prefix) = match text.trim().split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (text.trim(), None),
-        };
-        let network: IpAddr = address.parse().map_err(|_| format!("`{text}` is not an IP network (a.b.c.d/n)"))?;
-        let max = if network.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            Some(p) => {
-                p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| format!("`{text}`: bad prefix length"))?
-            }
-            None => max,
-        };
-        Ok(Self { network, prefix })
+/// Parses a network, `10.0.0.0/8`, `fd00::/8`, or a single address.
+pub fn parse_network(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    if !text.contains('/') {
+        return text
+            .parse::<IpAddr>()
+            .map(IpNet::from)
+            .map_err(|_| format!("`{text}` is not an IP network (a.b.c.d/n)"));
     }
-
-    /// Whether `ip` is in this network.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.network, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => mask_v4(net, self.prefix) == mask_v4(ip, self.prefix),
-            (IpAddr::V6(net), IpAddr::V6(ip)) => mask_v6(net, self.prefix) == mask_v6(ip, self.prefix),
-            _ => false,
-        }
-    }
-}
-
-fn mask_v4(ip: Ipv4Addr, prefix: u8) -> u32 {
-    let bits = u32::from(ip);
-    if prefix == 0 { 0 } else { bits & (u32::MAX << (32 - u32::from(prefix))) }
-}
-
-fn mask_v6(ip: Ipv6Addr, prefix: u8) -> u128 {
-    let bits = u128::from(ip);
-    if prefix == 0 { 0 } else { bits & (u128::MAX << (128 - u32::from(prefix))) }
-}
-
-/// IPv4-mapped IPv6 addresses (`::ffff:169.254.169.254`) as IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
+    text.parse::<IpNet>()
+        .map_err(|_| format!("`{text}` is not an IP network (a.b.c.d/n, with a prefix length that fits)"))
 }
 
 /// The egress policy.
 #[derive(Debug, Clone)]
 pub struct Egress {
-    deny: Vec<Cidr>,
-    allow: Vec<Cidr>,
+    deny: Vec<IpNet>,
+    allow: Vec<IpNet>,
 }
 
 impl Egress {
     /// `deny` is refused unless `allow` (which wins) covers the address.
     pub fn new(deny: &[String], allow: &[String]) -> Result<Self, String> {
         Ok(Self {
-            deny: deny.iter().map(|c| Cidr::parse(c)).collect::<Result<_, _>>()?,
-            allow: allow.iter().map(|c| Cidr::parse(c)).collect::<Result<_, _>>()?,
+            deny: deny.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
+            allow: allow.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
         })
     }
 
     /// Whether the executor may connect to `ip`.
     pub fn permits(&self, ip: IpAddr) -> bool {
-        self.allow.iter().any(|c| c.contains(ip)) || !self.deny.iter().any(|c| c.contains(ip))
+        // An IPv4-mapped IPv6 address (`::ffff:169.254.169.254`) is its IPv4 address.
+        let ip = ip.to_canonical();
+        self.allow.iter().any(|n| n.contains(&ip)) || !self.deny.iter().any(|n| n.contains(&ip))
     }
 
     /// Checks a URL whose host is an IP literal (names are checked when they
@@ -166,6 +129,8 @@ impl reqwest::dns::Resolve for EgressResolver {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     fn policy() -> Egress {
@@ -183,7 +148,8 @@ mod tests {
         }
         let opened = Egress::new(&DEFAULT_DENY.map(String::from), &["169.254.10.0/24".into()]).ok();
         assert!(opened.is_some_and(|e| e.permits(IpAddr::V4(Ipv4Addr::new(169, 254, 10, 3)))));
-        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(parse_network("10.0.0.0/33").is_err());
+        assert!(parse_network("169.254.169.254").is_ok_and(|n| n.prefix_len() == 32));
     }
 
     #[test]

@@ -11,7 +11,6 @@ pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod metrics;
-pub mod retry;
 pub mod service;
 pub mod transport;
 
@@ -25,6 +24,7 @@ use agentmesh_proto::v1::discovery_service_server::SERVICE_NAME as DISCOVERY_SER
 use agentmesh_proto::v1::executor_service_server::ExecutorServiceServer;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
 use agentmesh_server::Dependency;
+use agentmesh_telemetry::http::RetryPolicy;
 use agentmesh_telemetry::rpc::traced;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -155,9 +155,11 @@ impl ExecutorConfig {
             max_steps: self.max_steps_per_plan,
             max_concurrent_executions: self.max_concurrent_executions,
             lease: Duration::from_secs_f64(self.lease_secs),
-            backoff: retry::Backoff {
-                base: Duration::from_millis(self.retry_base_ms.max(1)),
-                max: Duration::from_millis(self.retry_max_ms.max(1)),
+            backoff: RetryPolicy {
+                // Each execution says how many; see ExecutionOptions.
+                max_retries: self.max_retries,
+                base_delay: Duration::from_millis(self.retry_base_ms.max(1)),
+                max_delay: Duration::from_millis(self.retry_max_ms.max(1)),
             },
             retention: Duration::from_secs(self.retention_hours.saturating_mul(3600)),
         }

@@ -30,9 +30,9 @@ use crate::catalog::Catalog;
 use crate::convert::event_from_row;
 use crate::error::ExecutorError;
 use crate::metrics::Metrics;
-use crate::retry::Backoff;
 use crate::transport::grpc::GrpcTransport;
 use crate::transport::http::HttpTransport;
+use agentmesh_telemetry::http::RetryPolicy;
 use hub::Hub;
 use journal::{Journal, to_row};
 use runner::{Runner, Stopped};
@@ -49,7 +49,7 @@ pub struct Settings {
     /// How long an owner holds an execution without renewing.
     pub lease: Duration,
     /// Retry delays.
-    pub backoff: Backoff,
+    pub backoff: RetryPolicy,
     /// How long finished executions are kept.
     pub retention: Duration,
 }

@@ -70,7 +70,7 @@ pub async fn run(engine: Arc<Engine>, job: StepJob, tx: mpsc::Sender<Msg>) {
         }
         match outcome {
             Err(failure) if failure.retryable && retries_left > 0 => {
-                let delay = engine.settings.backoff.delay(attempt, failure.retry_after);
+                let delay = engine.settings.backoff.delay(attempt.saturating_sub(1), failure.retry_after);
                 engine.metrics.retries.with_label_values(&[&job.agent]).inc();
                 let retrying = Msg::Retrying { index: job.index, attempt, error: failure.message, delay };
                 if tx.send(retrying).await.is_err() {

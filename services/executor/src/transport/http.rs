@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{AgentTransport, Call, Failure, Reply, read_answer};
 use crate::egress::{Egress, EgressResolver, capability_url};
-use crate::retry::parse_retry_after;
+use agentmesh_telemetry::http::parse_retry_after;
 
 /// Header names of the agent contract (see docs/agents.md).
 pub mod header {
@@ -53,17 +53,13 @@ impl HttpTransport {
     }
 }
 
+/// Characters a header value keeps as they are: RFC 3986's unreserved.
+const UNRESERVED: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// Percent-encodes text for a header value (unreserved characters kept).
 pub fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
 fn headers(call: &Call<'_>) -> HeaderMap {
