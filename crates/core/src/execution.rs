@@ -363,6 +363,22 @@ impl ExecutionState {
     }
 
     /// The plan as it stands, appended steps included.
+    /// The state a client following an execution's events starts from,
+    /// knowing only the plan it sent: applying the events it receives gives
+    /// the plan as run (added steps included) and every step's result.
+    pub fn following(plan: Plan) -> Self {
+        Self::new(ExecutionSpec {
+            request_id: String::new(),
+            plan,
+            options: ExecutionOptions { max_concurrency: 0, step_timeout_ms: 0, max_retries: 0, replan_budget: 0 },
+            query: String::new(),
+            caller_agent_ids: Vec::new(),
+            exclude_agents: Vec::new(),
+            allow: Vec::new(),
+        })
+    }
+
+    /// The plan as it stands, added steps included.
     pub fn plan(&self) -> Plan {
         Plan { reasoning: self.spec.plan.reasoning.clone(), steps: self.steps.iter().map(|s| s.step.clone()).collect() }
     }

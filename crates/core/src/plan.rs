@@ -15,7 +15,7 @@ use crate::schema::validate_instance;
 pub use crate::plan_schema::{PlanBounds, plan_schema, step_id_at};
 
 /// A plan: what the planning LLM must emit.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// Short reasoning, or why nothing can be done (zero steps).
     #[serde(default)]

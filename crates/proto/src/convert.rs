@@ -1,11 +1,13 @@
-//! Plans between the domain model and protobuf, in one place for every
+//! Plans and executions between the domain model and protobuf, in one place for every
 //! service and client.
 
 use agentmesh_core::ReasoningEffort;
+use agentmesh_core::execution::{Collaboration, Event, EventKind, EventPayload, StepState, StepStatus};
 use agentmesh_core::plan::{Plan, PlanStep};
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::json::{from_struct, to_struct};
+use crate::json::{from_struct, from_value, to_struct, to_value};
 use crate::v1 as pb;
 
 /// A plan step to protobuf.
@@ -50,5 +52,182 @@ pub fn effort_from_pb(value: i32) -> Option<ReasoningEffort> {
         pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
         pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
         pb::ReasoningEffort::High => Some(ReasoningEffort::High),
+    }
+}
+
+/// A timestamp to protobuf.
+pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: at.timestamp(), nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0) }
+}
+
+/// Execution event kinds in the domain and in protobuf.
+const KINDS: [(EventKind, pb::ExecutionEventKind); 13] = [
+    (EventKind::ExecutionStarted, pb::ExecutionEventKind::ExecutionStarted),
+    (EventKind::StepStarted, pb::ExecutionEventKind::StepStarted),
+    (EventKind::StepRetrying, pb::ExecutionEventKind::StepRetrying),
+    (EventKind::StepSucceeded, pb::ExecutionEventKind::StepSucceeded),
+    (EventKind::StepFailed, pb::ExecutionEventKind::StepFailed),
+    (EventKind::StepSkipped, pb::ExecutionEventKind::StepSkipped),
+    (EventKind::StepCancelled, pb::ExecutionEventKind::StepCancelled),
+    (EventKind::PlanExtended, pb::ExecutionEventKind::PlanExtended),
+    (EventKind::ReplanRejected, pb::ExecutionEventKind::ReplanRejected),
+    (EventKind::ExecutionCompleted, pb::ExecutionEventKind::ExecutionCompleted),
+    (EventKind::ExecutionFailed, pb::ExecutionEventKind::ExecutionFailed),
+    (EventKind::ExecutionCancelled, pb::ExecutionEventKind::ExecutionCancelled),
+    (EventKind::ExecutionExtended, pb::ExecutionEventKind::ExecutionExtended),
+];
+
+fn kind_to_pb(kind: EventKind) -> pb::ExecutionEventKind {
+    KINDS.iter().find(|(k, _)| *k == kind).map_or(pb::ExecutionEventKind::Unspecified, |(_, p)| *p)
+}
+
+fn kind_from_pb(kind: i32) -> Option<EventKind> {
+    KINDS.iter().find(|(_, p)| *p as i32 == kind).map(|(k, _)| *k)
+}
+
+fn collaboration_to_pb(c: &Collaboration) -> pb::CollaborationRequest {
+    pb::CollaborationRequest { agent: c.agent.clone(), capability: c.capability.clone(), query: c.query.clone() }
+}
+
+/// A collaboration request from protobuf.
+pub fn collaboration_from_pb(c: &pb::CollaborationRequest) -> Collaboration {
+    Collaboration { agent: c.agent.clone(), capability: c.capability.clone(), query: c.query.clone() }
+}
+
+/// An event to protobuf.
+pub fn event_to_pb(execution_id: &str, event: &Event) -> pb::ExecutionEvent {
+    let p = &event.payload;
+    pb::ExecutionEvent {
+        execution_id: execution_id.to_owned(),
+        sequence: event.sequence,
+        kind: kind_to_pb(event.kind) as i32,
+        step_id: event.step_id.clone(),
+        attempt: event.attempt,
+        output: p.output.as_ref().map(to_value),
+        error: p.error.clone(),
+        added_steps: p.added_steps.iter().map(step_to_pb).collect(),
+        occurred_at: Some(timestamp(event.at)),
+        agent_id: p.agent_id.clone(),
+        retry_delay_ms: p.retry_delay_ms,
+        collaborate: p.collaborate.as_ref().map(collaboration_to_pb),
+        duration_ms: p.duration_ms,
+    }
+}
+
+fn step_status_to_pb(status: StepStatus) -> pb::StepStatus {
+    match status {
+        StepStatus::Pending => pb::StepStatus::Pending,
+        StepStatus::Running => pb::StepStatus::Running,
+        StepStatus::Succeeded => pb::StepStatus::Succeeded,
+        StepStatus::Failed => pb::StepStatus::Failed,
+        StepStatus::Skipped => pb::StepStatus::Skipped,
+        StepStatus::Cancelled => pb::StepStatus::Cancelled,
+    }
+}
+
+/// One step's result to protobuf.
+pub fn step_result_to_pb(s: &StepState) -> pb::StepResult {
+    let duration_ms = match (s.started_at, s.finished_at) {
+        (Some(start), Some(end)) => u64::try_from((end - start).num_milliseconds()).unwrap_or_default(),
+        _ => 0,
+    };
+    pb::StepResult {
+        step_id: s.step.step_id.clone(),
+        status: step_status_to_pb(s.status) as i32,
+        output: s.output.as_ref().map(to_value),
+        error: s.error.clone(),
+        attempts: s.attempts,
+        started_at: s.started_at.map(timestamp),
+        finished_at: s.finished_at.map(timestamp),
+        duration_ms,
+        collaborate: s.collaborate.as_ref().map(collaboration_to_pb),
+    }
+}
+
+/// An event from protobuf, as a client that followed an execution folds
+/// it into the execution's state ([`ExecutionState::apply`]); `None` for a
+/// kind this build does not know.
+pub fn event_from_pb(e: &pb::ExecutionEvent) -> Option<Event> {
+    Some(Event {
+        sequence: e.sequence,
+        kind: kind_from_pb(e.kind)?,
+        step_id: e.step_id.clone(),
+        attempt: e.attempt,
+        at: e
+            .occurred_at
+            .and_then(|t| DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0)))
+            .unwrap_or_default(),
+        payload: EventPayload {
+            agent_id: e.agent_id.clone(),
+            output: e.output.as_ref().map(from_value),
+            error: e.error.clone(),
+            added_steps: e.added_steps.iter().map(step_from_pb).collect(),
+            collaborate: e.collaborate.as_ref().map(collaboration_from_pb),
+            retry_delay_ms: e.retry_delay_ms,
+            duration_ms: e.duration_ms,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use agentmesh_core::execution::ExecutionState;
+    use serde_json::json;
+
+    use super::*;
+
+    fn step(id: &str) -> PlanStep {
+        serde_json::from_value(json!({"step_id": id, "agent": "a", "capability": "c", "parameters": {"x": 1}}))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn events_come_back_from_protobuf_as_they_went() {
+        let at = DateTime::from_timestamp_millis(1_700_000_000_123).unwrap_or_default();
+        let event = Event {
+            sequence: 7,
+            kind: EventKind::StepSucceeded,
+            step_id: "s1".into(),
+            attempt: 2,
+            at,
+            payload: EventPayload {
+                agent_id: "a".into(),
+                output: Some(json!({"temp_c": 21.5})),
+                error: String::new(),
+                added_steps: vec![step("s9")],
+                collaborate: Some(Collaboration { agent: "f".into(), capability: "fix".into(), query: "q".into() }),
+                retry_delay_ms: 0,
+                duration_ms: 40,
+            },
+        };
+        assert_eq!(event_from_pb(&event_to_pb("exe", &event)), Some(event));
+        let unknown = pb::ExecutionEvent { kind: 999, ..Default::default() };
+        assert_eq!(event_from_pb(&unknown), None);
+    }
+
+    #[test]
+    fn a_follower_folds_streamed_events_into_results() {
+        let mut run = ExecutionState::following(Plan { reasoning: String::new(), steps: vec![step("s1")] });
+        let at = DateTime::from_timestamp_millis(1_700_000_000_000).unwrap_or_default();
+        let event = |sequence, kind, step_id: &str, added_steps| Event {
+            sequence,
+            kind,
+            step_id: step_id.into(),
+            attempt: 1,
+            at,
+            payload: EventPayload { added_steps, output: Some(json!(1)), ..EventPayload::default() },
+        };
+        for e in [
+            event(1, EventKind::ExecutionStarted, "", vec![]),
+            event(2, EventKind::StepSucceeded, "s1", vec![]),
+            event(3, EventKind::PlanExtended, "s1", vec![step("s2")]),
+        ] {
+            run.apply(&event_from_pb(&event_to_pb("exe", &e)).unwrap_or_else(|| panic!("known kind")));
+        }
+        let results: Vec<pb::StepResult> = run.steps.iter().map(step_result_to_pb).collect();
+        assert_eq!(run.plan().steps.len(), 2, "the added step is in the plan");
+        assert_eq!(results[0].status, pb::StepStatus::Succeeded as i32);
+        assert_eq!(results[0].output.as_ref().map(from_value), Some(json!(1)));
+        assert_eq!(results[1].status, pb::StepStatus::Pending as i32);
     }
 }

@@ -1,20 +1,13 @@
 //! Executions between the domain model, the store and protobuf.
 
-use agentmesh_core::execution::{
-    Collaboration, Event, EventKind, EventPayload, ExecutionState, ExecutionStatus, StepState, StepStatus,
-};
-use agentmesh_proto::convert::{plan_to_pb, step_to_pb};
-use agentmesh_proto::json::to_value;
+use agentmesh_core::execution::{Event, EventKind, EventPayload, ExecutionState, ExecutionStatus};
+use agentmesh_proto::convert::plan_to_pb;
+pub use agentmesh_proto::convert::{event_to_pb, step_result_to_pb, timestamp};
 use agentmesh_proto::v1 as pb;
 use agentmesh_store::executions::{EventRow, ExecutionRow};
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 
 use crate::error::ExecutorError;
-
-/// A timestamp to protobuf.
-pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: at.timestamp(), nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0) }
-}
 
 /// A stored event.
 pub fn event_from_row(row: &EventRow) -> Result<Event, ExecutorError> {
@@ -29,48 +22,6 @@ pub fn event_from_row(row: &EventRow) -> Result<Event, ExecutorError> {
         at: DateTime::from_timestamp_millis(row.occurred_at_ms).unwrap_or_default(),
         payload,
     })
-}
-
-fn kind_to_pb(kind: EventKind) -> pb::ExecutionEventKind {
-    match kind {
-        EventKind::ExecutionStarted => pb::ExecutionEventKind::ExecutionStarted,
-        EventKind::StepStarted => pb::ExecutionEventKind::StepStarted,
-        EventKind::StepRetrying => pb::ExecutionEventKind::StepRetrying,
-        EventKind::StepSucceeded => pb::ExecutionEventKind::StepSucceeded,
-        EventKind::StepFailed => pb::ExecutionEventKind::StepFailed,
-        EventKind::StepSkipped => pb::ExecutionEventKind::StepSkipped,
-        EventKind::StepCancelled => pb::ExecutionEventKind::StepCancelled,
-        EventKind::PlanExtended => pb::ExecutionEventKind::PlanExtended,
-        EventKind::ReplanRejected => pb::ExecutionEventKind::ReplanRejected,
-        EventKind::ExecutionCompleted => pb::ExecutionEventKind::ExecutionCompleted,
-        EventKind::ExecutionFailed => pb::ExecutionEventKind::ExecutionFailed,
-        EventKind::ExecutionCancelled => pb::ExecutionEventKind::ExecutionCancelled,
-        EventKind::ExecutionExtended => pb::ExecutionEventKind::ExecutionExtended,
-    }
-}
-
-fn collaboration_to_pb(c: &Collaboration) -> pb::CollaborationRequest {
-    pb::CollaborationRequest { agent: c.agent.clone(), capability: c.capability.clone(), query: c.query.clone() }
-}
-
-/// An event to protobuf.
-pub fn event_to_pb(execution_id: &str, event: &Event) -> pb::ExecutionEvent {
-    let p = &event.payload;
-    pb::ExecutionEvent {
-        execution_id: execution_id.to_owned(),
-        sequence: event.sequence,
-        kind: kind_to_pb(event.kind) as i32,
-        step_id: event.step_id.clone(),
-        attempt: event.attempt,
-        output: p.output.as_ref().map(to_value),
-        error: p.error.clone(),
-        added_steps: p.added_steps.iter().map(step_to_pb).collect(),
-        occurred_at: Some(timestamp(event.at)),
-        agent_id: p.agent_id.clone(),
-        retry_delay_ms: p.retry_delay_ms,
-        collaborate: p.collaborate.as_ref().map(collaboration_to_pb),
-        duration_ms: p.duration_ms,
-    }
 }
 
 /// A status to protobuf.
@@ -100,36 +51,6 @@ pub fn status_from_pb(value: i32) -> Result<Option<ExecutionStatus>, ExecutorErr
             });
         }
     })
-}
-
-fn step_status_to_pb(status: StepStatus) -> pb::StepStatus {
-    match status {
-        StepStatus::Pending => pb::StepStatus::Pending,
-        StepStatus::Running => pb::StepStatus::Running,
-        StepStatus::Succeeded => pb::StepStatus::Succeeded,
-        StepStatus::Failed => pb::StepStatus::Failed,
-        StepStatus::Skipped => pb::StepStatus::Skipped,
-        StepStatus::Cancelled => pb::StepStatus::Cancelled,
-    }
-}
-
-/// One step's result to protobuf.
-pub fn step_result_to_pb(s: &StepState) -> pb::StepResult {
-    let duration_ms = match (s.started_at, s.finished_at) {
-        (Some(start), Some(end)) => u64::try_from((end - start).num_milliseconds()).unwrap_or_default(),
-        _ => 0,
-    };
-    pb::StepResult {
-        step_id: s.step.step_id.clone(),
-        status: step_status_to_pb(s.status) as i32,
-        output: s.output.as_ref().map(to_value),
-        error: s.error.clone(),
-        attempts: s.attempts,
-        started_at: s.started_at.map(timestamp),
-        finished_at: s.finished_at.map(timestamp),
-        duration_ms,
-        collaborate: s.collaborate.as_ref().map(collaboration_to_pb),
-    }
 }
 
 /// Options to protobuf.

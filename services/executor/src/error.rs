@@ -3,6 +3,9 @@
 use agentmesh_core::plan::PlanError;
 use tonic_types::{ErrorDetails, StatusExt};
 
+/// The `ErrorInfo` reason of an extension that had nothing to run.
+pub const NOTHING_TO_RUN: &str = "NOTHING_TO_RUN";
+
 /// What can go wrong answering a request.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {
@@ -32,6 +35,10 @@ pub enum ExecutorError {
     /// The execution is not in a state that allows the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// An extension asked only for collaborations, and the planner turned
+    /// none of them into a step.
+    #[error("nothing to run: {0}")]
+    NothingToRun(String),
     /// The store cannot be reached.
     #[error("the execution store is unavailable: {0}")]
     Unavailable(String),
@@ -71,6 +78,10 @@ impl From<ExecutorError> for tonic::Status {
             ExecutorError::AlreadyExists(_) => tonic::Status::already_exists(message),
             ExecutorError::ResourceExhausted(_) => tonic::Status::resource_exhausted(message),
             ExecutorError::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
+            ExecutorError::NothingToRun(_) => {
+                let details = ErrorDetails::with_error_info(NOTHING_TO_RUN, "agentmesh.v1.ExecutorService", []);
+                tonic::Status::with_error_details(tonic::Code::FailedPrecondition, message, details)
+            }
             ExecutorError::Unavailable(_) => tonic::Status::unavailable(message),
             ExecutorError::Internal(_) => tonic::Status::internal(message),
         }

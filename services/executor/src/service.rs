@@ -150,12 +150,14 @@ impl ExecutorService for ExecutorGrpc {
         request: Request<pb::ExtendExecutionRequest>,
     ) -> Result<Response<Self::ExtendExecutionStream>, Status> {
         let r = request.into_inner();
-        if r.steps.is_empty() {
-            return Err(invalid("steps", "at least one step is required").into());
+        if r.steps.is_empty() && r.collaborations.is_empty() {
+            return Err(invalid("steps", "at least one step or collaboration is required").into());
         }
         let steps: Vec<_> = r.steps.iter().map(agentmesh_proto::convert::step_from_pb).collect();
+        let collaborations = r.collaborations.iter().map(agentmesh_proto::convert::collaboration_from_pb).collect();
         let reason = if r.reason.trim().is_empty() { "extended by request".to_owned() } else { r.reason };
-        let sequence = self.engine.extend(&r.execution_id, steps, reason).await?;
+        let preference = (r.model, r.reasoning_effort);
+        let sequence = self.engine.extend(&r.execution_id, steps, collaborations, preference, reason).await?;
         let events = watch::stream(self.engine.clone(), r.execution_id, sequence - 1);
         Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(events, |e| {
             e.map(|event| pb::ExtendExecutionResponse { event: Some(event) })

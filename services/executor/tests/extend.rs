@@ -29,6 +29,7 @@ async fn extend(mesh: &Mesh, id: &str, new: Vec<pb::PlanStep>) -> Result<Vec<pb:
             execution_id: id.into(),
             steps: new,
             reason: "review recovery round 1".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -160,7 +160,56 @@ async fn what_the_planner_refuses_is_rejected_with_its_reason(backend: Backend) 
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
+/// A review's recovery actions extend a finished execution through the
+/// same loop-back path: each collaboration becomes steps by `Replan`, those
+/// refused are left out, and when nothing is left the call says so.
+async fn collaborations_extend_a_finished_execution_through_the_planner(backend: Backend) {
+    let plain = Answer::ok(json!({"verdict": "bug found"}));
+    let Some((mesh, agent, llm)) = setup(backend, vec![fix_plan()], vec![plain]).await else { return };
+    let events =
+        mesh.run_request(with_budget(plan(vec![step("s1", "reviewer", "review", json!({}), &[])]), 0)).await.unwrap();
+    let id = events[0].execution_id.clone();
+    let collaboration = |agent: &str, capability: &str, query: &str| pb::CollaborationRequest {
+        agent: agent.into(),
+        capability: capability.into(),
+        query: query.into(),
+    };
+    let mut client = mesh.client.clone();
+    let extend = |collaborations: Vec<pb::CollaborationRequest>| pb::ExtendExecutionRequest {
+        execution_id: id.clone(),
+        collaborations,
+        reason: "review recovery round 1".into(),
+        model: "scripted-model".into(),
+        ..Default::default()
+    };
+    let mut stream = client
+        .extend_execution(extend(vec![
+            collaboration("ghost", "x", "haunt"),
+            collaboration("fixer", "fix", "Fix SQL injection in auth.py:45"),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut more = Vec::new();
+    while let Some(item) = tokio_stream::StreamExt::next(&mut stream).await {
+        more.push(item.unwrap().event.unwrap());
+    }
+    assert_eq!(kinds(&more), ["EXECUTION_EXTENDED", "STEP_STARTED s2", "STEP_SUCCEEDED s2", "EXECUTION_COMPLETED"]);
+    assert_eq!(more[0].added_steps.iter().map(|s| s.agent.as_str()).collect::<Vec<_>>(), ["fixer"]);
+    assert_eq!(agent.calls_to("fix").len(), 1);
+    let asked = llm.requests();
+    assert_eq!(asked.len(), 1, "the refused collaboration never reached the model");
+    assert_eq!(asked[0].body["model"], "scripted-model");
+
+    let refused = client.extend_execution(extend(vec![collaboration("ghost", "x", "haunt")])).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    let reason = tonic_types::StatusExt::get_details_error_info(&refused).map(|i| i.reason);
+    assert_eq!(reason.as_deref(), Some("NOTHING_TO_RUN"), "{}", refused.message());
+    assert!(refused.message().contains("ghost:x"), "{}", refused.message());
+}
+
 agentmesh_testkit::both_backends!(
+    collaborations_extend_a_finished_execution_through_the_planner,
     a_collaboration_request_extends_the_plan_and_runs,
     repeats_and_an_exhausted_budget_are_rejected_without_failing_the_step,
     what_the_planner_refuses_is_rejected_with_its_reason,

@@ -9,6 +9,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentmesh_core::execution::ExecutionState;
+use agentmesh_core::plan::Plan;
+use agentmesh_proto::convert::{event_from_pb, plan_from_pb, plan_to_pb, step_result_to_pb};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
@@ -61,6 +64,8 @@ pub struct Orchestration {
     deadline: Instant,
     execution_id: String,
     execution_finished: bool,
+    /// The execution as its streamed events tell it.
+    run: ExecutionState,
     metrics: Arc<Metrics>,
     events: EventWriter,
     started: Instant,
@@ -88,6 +93,7 @@ impl Orchestration {
             deadline: Instant::now() + timeout,
             execution_id: String::new(),
             execution_finished: false,
+            run: ExecutionState::following(Plan::default()),
         }
     }
 
@@ -248,16 +254,33 @@ impl Orchestration {
         if !options.skip_review && !plan.steps.is_empty() {
             let mut review = self.review(r, &ran_plan, &results, &answer).await?;
             let mut rounds_left = r.review_budget.unwrap_or(DEFAULT_REVIEW_BUDGET);
-            let (mut ran_plan, mut results, mut answer_now) = (ran_plan, results, answer);
+            let mut answer_now = answer;
             while !review.goal_achieved && rounds_left > 0 && !self.execution_id.is_empty() {
-                let steps = self.recovery_steps(r, &options, &review, &ran_plan, &results).await?;
-                if steps.is_empty() {
+                // Every action that can be acted on carries its collaboration;
+                // the executor plans them as it plans an agent's loop-back.
+                let collaborations: Vec<pb::CollaborationRequest> =
+                    review.recovery_actions.iter().filter_map(|a| a.collaboration.clone()).collect();
+                if collaborations.is_empty() {
                     tracing::info!(request_id = %self.request_id, "no recovery action can be acted on; the answer stands");
                     break;
                 }
-                rounds_left -= 1;
+                // The round's events carry its number; a round the planner
+                // found nothing for has none.
                 self.round += 1;
-                (ran_plan, results) = self.extend(steps).await?;
+                let (ran_plan, results) = match self.extend(r, collaborations).await {
+                    Ok(outcome) => outcome,
+                    Err(Stop::Failed { status, .. }) if nothing_to_run(&status) => {
+                        tracing::info!(
+                            request_id = %self.request_id,
+                            reason = %status.message(),
+                            "no recovery action could be planned; the answer stands"
+                        );
+                        self.round -= 1;
+                        break;
+                    }
+                    Err(stop) => return Err(stop),
+                };
+                rounds_left -= 1;
                 answer_now = self.synthesize(r, ran_plan.clone(), results.clone(), String::new()).await?;
                 review = self.review(r, &ran_plan, &results, &answer_now).await?;
             }
@@ -276,6 +299,7 @@ impl Orchestration {
         options: &pb::OrchestrateOptions,
         plan: pb::Plan,
     ) -> Result<(pb::Plan, Vec<pb::StepResult>), Stop> {
+        self.run = ExecutionState::following(plan_from_pb(&plan));
         let mut executor = self.clients.executor.clone();
         let stream = executor
             .execute(self.request(pb::ExecuteRequest {
@@ -292,25 +316,32 @@ impl Orchestration {
             .map_err(Stop::failed("executor"))?
             .into_inner();
         self.forward(stream, |m: pb::ExecuteResponse| m.event).await?;
-        self.outcome().await
+        Ok(self.outcome())
     }
 
     /// Runs more steps in the execution (a recovery round), passing its
     /// events on; returns the plan as run and the step results.
-    async fn extend(&mut self, steps: Vec<pb::PlanStep>) -> Result<(pb::Plan, Vec<pb::StepResult>), Stop> {
+    async fn extend(
+        &mut self,
+        r: &pb::OrchestrateRequest,
+        collaborations: Vec<pb::CollaborationRequest>,
+    ) -> Result<(pb::Plan, Vec<pb::StepResult>), Stop> {
         let mut executor = self.clients.executor.clone();
         let stream = executor
             .extend_execution(self.request(pb::ExtendExecutionRequest {
                 execution_id: self.execution_id.clone(),
-                steps,
+                steps: Vec::new(),
                 reason: format!("review recovery round {}", self.round),
+                collaborations,
+                model: r.model.clone(),
+                reasoning_effort: r.reasoning_effort,
             }))
             .await
             .map_err(Stop::failed("executor"))?
             .into_inner();
         self.execution_finished = false;
         self.forward(stream, |m: pb::ExtendExecutionResponse| m.event).await?;
-        self.outcome().await
+        Ok(self.outcome())
     }
 
     /// Passes the executor's events on until the execution finishes.
@@ -327,6 +358,9 @@ impl Orchestration {
             let Some(event) = message.and_then(&event_of) else { break };
             if self.execution_id.is_empty() {
                 self.execution_id.clone_from(&event.execution_id);
+            }
+            if let Some(known) = event_from_pb(&event) {
+                self.run.apply(&known);
             }
             let kind = pb::ExecutionEventKind::try_from(event.kind).unwrap_or_default();
             if matches!(
@@ -349,79 +383,10 @@ impl Orchestration {
         }
     }
 
-    /// The execution as it stands: its plan (added steps included) and results.
-    async fn outcome(&mut self) -> Result<(pb::Plan, Vec<pb::StepResult>), Stop> {
-        let mut executor = self.clients.executor.clone();
-        let execution = executor
-            .get_execution(self.request(pb::GetExecutionRequest { execution_id: self.execution_id.clone() }))
-            .await
-            .map_err(Stop::failed("executor"))?
-            .into_inner()
-            .execution
-            .unwrap_or_default();
-        Ok((execution.plan.unwrap_or_default(), execution.step_results))
-    }
-
-    /// Turns a review's recovery actions into new steps through the
-    /// planner's `Replan`: `add_step` as it is, `retry_step` as a new step of
-    /// the same capability. Rejections are logged and left out.
-    async fn recovery_steps(
-        &mut self,
-        r: &pb::OrchestrateRequest,
-        options: &pb::OrchestrateOptions,
-        review: &pb::Review,
-        plan: &pb::Plan,
-        results: &[pb::StepResult],
-    ) -> Result<Vec<pb::PlanStep>, Stop> {
-        let mut current = plan.clone();
-        let mut added = Vec::new();
-        for action in &review.recovery_actions {
-            let collaboration = match pb::RecoveryActionKind::try_from(action.kind).unwrap_or_default() {
-                pb::RecoveryActionKind::AddStep => action.collaboration.clone(),
-                pb::RecoveryActionKind::RetryStep => {
-                    current.steps.iter().find(|s| s.step_id == action.step_id).map(|s| pb::CollaborationRequest {
-                        agent: s.agent.clone(),
-                        capability: s.capability.clone(),
-                        query: if s.instruction.is_empty() { action.reason.clone() } else { s.instruction.clone() },
-                    })
-                }
-                _ => None,
-            };
-            let Some(collaboration) = collaboration else { continue };
-            let mut planner = self.clients.planner.clone();
-            let answer = planner
-                .replan(self.request(pb::ReplanRequest {
-                    request_id: self.request_id.clone(),
-                    plan: Some(current.clone()),
-                    results: results.to_vec(),
-                    collaboration: Some(collaboration.clone()),
-                    caller_agent_ids: r.caller_agent_ids.clone(),
-                    requesting_step_id: String::new(),
-                    execution_id: self.execution_id.clone(),
-                    query: r.query.clone(),
-                    model: r.model.clone(),
-                    reasoning_effort: r.reasoning_effort,
-                    exclude_agents: options.exclude_agents.clone(),
-                    allow: options.allow.clone(),
-                }))
-                .await
-                .map_err(Stop::failed("planner"))?
-                .into_inner();
-            if answer.rejected {
-                tracing::info!(
-                    request_id = %self.request_id,
-                    round = self.round,
-                    agent = %collaboration.agent,
-                    capability = %collaboration.capability,
-                    reason = %answer.rejection_reason,
-                    "recovery action rejected by the planner"
-                );
-                continue;
-            }
-            current.steps.extend(answer.steps.iter().cloned());
-            added.extend(answer.steps);
-        }
-        Ok(added)
+    /// The execution as its events told it: its plan (added steps
+    /// included) and results.
+    fn outcome(&self) -> (pb::Plan, Vec<pb::StepResult>) {
+        (plan_to_pb(&self.run.plan()), self.run.steps.iter().map(step_result_to_pb).collect())
     }
 
     /// Reviews the answer and passes the review on.
@@ -495,4 +460,11 @@ impl Orchestration {
             }
         }
     }
+}
+
+/// Whether the executor refused an extension because the planner turned
+/// none of its collaborations into a step.
+fn nothing_to_run(status: &Status) -> bool {
+    status.code() == Code::FailedPrecondition
+        && tonic_types::StatusExt::get_details_error_info(status).is_some_and(|info| info.reason == "NOTHING_TO_RUN")
 }

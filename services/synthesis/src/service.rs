@@ -296,7 +296,7 @@ impl Inner {
             match self.synthesizer.read_review(&completion.text, &outcome, &catalog) {
                 Ok(verdict) => {
                     return Ok(pb::ReviewResponse {
-                        review: Some(self.verdict_to_pb(request_id, verdict)),
+                        review: Some(self.verdict_to_pb(request_id, verdict, &outcome)),
                         usage: Some(total),
                     });
                 }
@@ -317,7 +317,10 @@ impl Inner {
         )))
     }
 
-    fn verdict_to_pb(&self, request_id: &str, verdict: Verdict) -> pb::Review {
+    /// The review as sent: a `retry_step` carries the collaboration that
+    /// runs its step again (same agent and capability, the step's
+    /// instruction), so that every recovery action is acted on one way.
+    fn verdict_to_pb(&self, request_id: &str, verdict: Verdict, outcome: &RunOutcome) -> pb::Review {
         for why in &verdict.dropped {
             tracing::info!(request_id, reason = %why, "review suggestion dropped");
         }
@@ -336,7 +339,17 @@ impl Inner {
                 },
                 Action::RetryStep { step_id, reason } => pb::RecoveryAction {
                     kind: pb::RecoveryActionKind::RetryStep as i32,
-                    collaboration: None,
+                    collaboration: outcome.steps.iter().find(|s| s.step.step_id == step_id).map(|s| {
+                        pb::CollaborationRequest {
+                            agent: s.step.agent.clone(),
+                            capability: s.step.capability.clone(),
+                            query: if s.step.instruction.is_empty() {
+                                reason.clone()
+                            } else {
+                                s.step.instruction.clone()
+                            },
+                        }
+                    }),
                     reason,
                     step_id,
                 },

@@ -278,7 +278,9 @@ impl Engine {
     pub async fn extend(
         self: &Arc<Self>,
         id: &str,
-        steps: Vec<agentmesh_core::plan::PlanStep>,
+        mut steps: Vec<agentmesh_core::plan::PlanStep>,
+        collaborations: Vec<agentmesh_core::execution::Collaboration>,
+        preference: (String, i32),
         reason: String,
     ) -> Result<u64, ExecutorError> {
         let Some((row, mut state)) = self.load(id).await? else { return Err(ExecutorError::NotFound(id.to_owned())) };
@@ -294,6 +296,16 @@ impl Engine {
                     "execution `{id}` is still running; extend it once it has finished"
                 )));
             }
+        }
+        if !collaborations.is_empty() {
+            let (planned, rejected) = replan::plan_all(self, id, &state, collaborations, preference).await;
+            if steps.is_empty() && planned.is_empty() {
+                return Err(ExecutorError::NothingToRun(format!(
+                    "the planner turned none of the collaborations into a step ({})",
+                    rejected.join("; ")
+                )));
+            }
+            steps.extend(planned);
         }
         let mut extended = state.plan();
         extended.steps.extend(steps.iter().cloned());

@@ -32,6 +32,10 @@ pub struct Request {
     pub results: Vec<pb::StepResult>,
     /// The original request.
     pub spec: ExecutionSpec,
+    /// Model preference (empty: the planner's default).
+    pub model: String,
+    /// Reasoning effort (`agentmesh.v1.ReasoningEffort`; 0: unspecified).
+    pub reasoning_effort: i32,
 }
 
 /// What the planner decided.
@@ -46,6 +50,52 @@ pub enum ReplanOutcome {
 /// The results of finished steps, for the planner.
 pub fn results(state: &ExecutionState) -> Vec<pb::StepResult> {
     state.steps.iter().filter(|s| s.status != StepStatus::Pending).map(step_result_to_pb).collect()
+}
+
+/// Turns collaborations into steps for an extension of a finished execution
+/// (a review's recovery actions), one after the other, each planned over
+/// the plan as the previous ones left it. Returns the steps, and why the
+/// others were rejected.
+pub async fn plan_all(
+    engine: &Engine,
+    execution_id: &str,
+    state: &ExecutionState,
+    collaborations: Vec<Collaboration>,
+    (model, reasoning_effort): (String, i32),
+) -> (Vec<PlanStep>, Vec<String>) {
+    let mut plan = state.plan();
+    let (mut steps, mut rejected) = (Vec::new(), Vec::new());
+    for collaboration in collaborations {
+        let request = Request {
+            request_id: state.spec.request_id.clone(),
+            execution_id: execution_id.to_owned(),
+            step_id: String::new(),
+            collaboration: collaboration.clone(),
+            plan: plan.clone(),
+            results: results(state),
+            spec: state.spec.clone(),
+            model: model.clone(),
+            reasoning_effort,
+        };
+        match ask(engine, request).await {
+            ReplanOutcome::Steps(added) => {
+                plan.steps.extend(added.iter().cloned());
+                steps.extend(added);
+            }
+            ReplanOutcome::Rejected(reason) => {
+                tracing::info!(
+                    execution_id,
+                    agent = %collaboration.agent,
+                    capability = %collaboration.capability,
+                    reason,
+                    "collaboration for an extension rejected"
+                );
+                engine.metrics.replans.with_label_values(&["rejected"]).inc();
+                rejected.push(format!("{}:{}: {reason}", collaboration.agent, collaboration.capability));
+            }
+        }
+    }
+    (steps, rejected)
 }
 
 /// Asks the planner; a failure to ask is a rejection, never a failed step.
@@ -70,7 +120,8 @@ pub async fn ask(engine: &Engine, request: Request) -> ReplanOutcome {
         query: request.spec.query.clone(),
         exclude_agents: request.spec.exclude_agents.clone(),
         allow: request.spec.allow.clone(),
-        ..Default::default()
+        model: request.model.clone(),
+        reasoning_effort: request.reasoning_effort,
     });
     call.set_timeout(REPLAN_TIMEOUT);
     if let Ok(value) = request.request_id.parse() {

@@ -410,6 +410,9 @@ impl Runner {
             plan: self.state.plan(),
             results: replan::results(&self.state),
             spec: self.state.spec.clone(),
+            // The execution's request carried no model preference.
+            model: String::new(),
+            reasoning_effort: 0,
         };
         let engine = self.engine.clone();
         let tx = self.tx.clone();
