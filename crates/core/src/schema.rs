@@ -1,6 +1,8 @@
 //! JSON Schema checks: registered schemas must be JSON objects that compile,
 //! and instances (such as plan parameters) are validated against them.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 /// Checks that `schema` is a JSON object that compiles as a JSON Schema.
@@ -14,18 +16,62 @@ pub fn check_schema(schema: &Value) -> Result<(), String> {
 
 /// Validates `instance` against `schema`; returns every violation as
 /// `"<json pointer>: <message>"`, empty when valid. A schema that does not
-/// compile is reported as a single error.
+/// compile is reported as a single error. To validate many instances
+/// against one schema, compile it once ([`Schema`]).
 pub fn validate_instance(schema: &Value, instance: &Value) -> Vec<String> {
-    match jsonschema::validator_for(schema) {
-        Ok(validator) => validator
-            .iter_errors(instance)
-            .map(|e| {
-                let path = e.instance_path().to_string();
-                let path = if path.is_empty() { "/".to_owned() } else { path };
-                format!("{path}: {e}")
-            })
-            .collect(),
-        Err(e) => vec![format!("schema does not compile: {e}")],
+    Schema::compile(schema).violations(instance)
+}
+
+/// A JSON Schema compiled once (when a capability's version is first
+/// seen), to validate many instances against.
+#[derive(Clone)]
+pub struct Schema {
+    source: Value,
+    compiled: Result<Arc<jsonschema::Validator>, String>,
+}
+
+impl Schema {
+    /// Compiles `schema`; one that does not compile reports so on every
+    /// validation.
+    pub fn compile(schema: &Value) -> Self {
+        Self {
+            source: schema.clone(),
+            compiled: jsonschema::validator_for(schema).map(Arc::new).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The schema as written.
+    pub fn source(&self) -> &Value {
+        &self.source
+    }
+
+    /// Every violation of `instance`, as `"<json pointer>: <message>"`;
+    /// empty when it fits.
+    pub fn violations(&self, instance: &Value) -> Vec<String> {
+        match &self.compiled {
+            Ok(validator) => validator
+                .iter_errors(instance)
+                .map(|e| {
+                    let path = e.instance_path().to_string();
+                    let path = if path.is_empty() { "/".to_owned() } else { path };
+                    format!("{path}: {e}")
+                })
+                .collect(),
+            Err(e) => vec![format!("schema does not compile: {e}")],
+        }
+    }
+}
+
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Schema").field(&self.source).finish()
+    }
+}
+
+/// Schemas are equal when they were written alike.
+impl PartialEq for Schema {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
     }
 }
 
@@ -71,5 +117,17 @@ mod tests {
         assert_eq!(errors.len(), 1);
         assert!(errors[0].starts_with("/n:"), "{errors:?}");
         assert_eq!(validate_instance(&schema, &json!({})).len(), 1);
+    }
+
+    #[test]
+    fn a_schema_compiled_once_checks_many_instances() {
+        let schema = Schema::compile(&json!({"type": "object", "properties": {"temp_c": {"type": "number"}}}));
+        assert!(schema.violations(&json!({"temp_c": 21.5})).is_empty());
+        let wrong = schema.violations(&json!({"temp_c": "warm"}));
+        assert_eq!(wrong.len(), 1);
+        assert!(wrong[0].starts_with("/temp_c: "), "{wrong:?}");
+        let broken = Schema::compile(&json!({"type": 12}));
+        assert!(broken.violations(&json!({}))[0].starts_with("schema does not compile"));
+        assert_eq!(schema, Schema::compile(schema.source()));
     }
 }

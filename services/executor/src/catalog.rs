@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use agentmesh_core::schema::Schema;
 use agentmesh_core::{CapabilityKind, Transport};
 use agentmesh_proto::json::from_struct;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_telemetry::rpc::TracedChannel;
-use serde_json::Value;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
@@ -27,8 +27,8 @@ pub struct CapabilityEntry {
     pub endpoint: String,
     /// Callable over HTTP but never planned for.
     pub internal: bool,
-    /// What its output must fit.
-    pub output_schema: Option<Value>,
+    /// What its output must fit, compiled once per version of the agent.
+    pub output_schema: Option<Schema>,
 }
 
 /// One agent as discovery describes it.
@@ -61,7 +61,7 @@ impl AgentEntry {
                     kind,
                     endpoint,
                     internal: c.internal,
-                    output_schema: c.output_schema.as_ref().map(from_struct),
+                    output_schema: c.output_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
                 };
                 capabilities.insert(c.id.clone(), entry);
             }

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentmesh_core::schema::validate_instance;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -135,7 +134,7 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
     engine.metrics.circuit.with_label_values(&[&job.agent]).set(circuit.gauge());
     let reply = result?;
     if let Some(schema) = &target.output_schema {
-        let violations = validate_instance(schema, &reply.output);
+        let violations = schema.violations(&reply.output);
         if !violations.is_empty() {
             return Err(Failure::fatal(format!(
                 "the output does not fit the output schema of {}:{}: {}",

@@ -27,8 +27,8 @@ pub struct Target {
     pub kind: CapabilityKind,
     /// HTTP path of the capability on the agent.
     pub endpoint: String,
-    /// What its output must fit, if declared.
-    pub output_schema: Option<Value>,
+    /// What its output must fit, if declared (compiled).
+    pub output_schema: Option<agentmesh_core::schema::Schema>,
 }
 
 /// One attempt of one step.
