@@ -15,7 +15,17 @@ const BELOW_SERVICES: [(&str, &[&str]); 7] = [
     ("agentmesh-telemetry", &[]),
     ("agentmesh-store", &["agentmesh-core"]),
     ("agentmesh-llm", &["agentmesh-core", "agentmesh-telemetry"]),
-    ("agentmesh-catalog", &["agentmesh-core", "agentmesh-proto", "agentmesh-telemetry"]),
+    (
+        "agentmesh-catalog",
+        &[
+            "agentmesh-core",
+            "agentmesh-llm",
+            "agentmesh-proto",
+            "agentmesh-server",
+            "agentmesh-store",
+            "agentmesh-telemetry",
+        ],
+    ),
     ("agentmesh-server", &["agentmesh-proto", "agentmesh-telemetry"]),
 ];
 

@@ -2,6 +2,8 @@
 //! it (the planner, synthesis's reviews) fetch it from discovery: never the
 //! calling orchestrator's own agents, never internal capabilities, narrowed
 //! further by allow patterns. Ranking it is `agentmesh_core::bm25`.
+//! [`Reasoning`] is what such a service starts with: the model, the
+//! interaction log and discovery, and the readiness they make.
 //!
 //! Health: `active` and `degraded` agents are offered. A degraded agent has
 //! missed a few heartbeats or said it is struggling, but is most likely
@@ -12,11 +14,15 @@
 //! for them (`include_unhealthy`), and the ones left out are counted so
 //! that a zero-step answer can say so.
 
+mod reasoning;
+
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_core::{CapabilityKind, Pattern};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_telemetry::rpc::TracedChannel;
+
+pub use reasoning::Reasoning;
 
 /// An allow pattern `agent-pattern:capability-pattern` (`weather-*:*`,
 /// `*:skill:web_*`).
@@ -44,6 +50,11 @@ impl AllowPattern {
                 "allow pattern `{text}` must be `agent:capability` or `agent:skill:name` (with `*` wildcards)"
             )),
         }
+    }
+
+    /// Parses every pattern of a request; the first bad one is the error.
+    pub fn parse_all(texts: &[String]) -> Result<Vec<Self>, String> {
+        texts.iter().map(|t| Self::parse(t)).collect()
     }
 
     /// Whether a capability is allowed by this pattern.

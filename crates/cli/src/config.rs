@@ -148,8 +148,9 @@ fn drop_nulls(value: &mut serde_json::Value) {
 }
 
 /// A command-line value that may hold a password (a database or server
-/// URL): `Debug` shows it redacted.
-#[derive(Clone)]
+/// URL): `Debug` shows it redacted; it is passed on whole.
+#[derive(Clone, Serialize)]
+#[serde(transparent)]
 pub struct SecretUrl(String);
 
 impl From<String> for SecretUrl {
@@ -158,17 +159,21 @@ impl From<String> for SecretUrl {
     }
 }
 
-impl SecretUrl {
-    /// The URL as given.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
 impl std::fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Debug::fmt(&agentmesh_telemetry::redact(&self.0), f)
     }
+}
+
+/// The flags given, as overrides of `section`: each flag sets the key its
+/// field is named (or renamed) for; flags not given set nothing.
+pub fn overrides_of(section: &str, flags: &impl Serialize) -> Vec<Override> {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(flags) else { return Vec::new() };
+    let mut out = Vec::new();
+    for (key, value) in fields.into_iter().filter(|(_, value)| !value.is_null()) {
+        push(&mut out, section, &key, Some(value));
+    }
+    out
 }
 
 /// Adds the override `section.key = value` when a value is given.
@@ -234,7 +239,7 @@ impl TelemetryArgs {
 }
 
 /// Flags every `serve` command takes, for the settings every service has.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct ServiceArgs {
     /// Address serving gRPC and HTTP (/metrics, /healthz, /readyz) [default: 127.0.0.1:7400 discovery,
     /// 7401 planner, 7402 executor, 7403 synthesis, 7404 gateway].
@@ -252,24 +257,13 @@ pub struct ServiceArgs {
     pub health_check_interval_secs: Option<f64>,
     /// Print the resulting configuration and exit.
     #[arg(long)]
+    #[serde(skip)]
     pub print_config: bool,
-}
-
-impl ServiceArgs {
-    /// The flags given, as overrides of `section`.
-    pub fn overrides(&self, section: &str) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, section, "listen", self.listen.map(|a| a.to_string()));
-        push(&mut out, section, "database_url", self.database_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, section, "request_timeout_secs", self.request_timeout_secs);
-        push(&mut out, section, "health_check_interval_secs", self.health_check_interval_secs);
-        out
-    }
 }
 
 /// Flags of the services that call a model (and of `up`, which passes
 /// them to both).
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct LlmArgs {
     /// `provider:model[,provider:model…]`, a fallback chain: openai, anthropic,
     /// gemini, ollama, vllm, llamacpp (any OpenAI-compatible server, with
@@ -287,6 +281,7 @@ pub struct LlmArgs {
     pub llm_structured: Option<String>,
     /// Seconds each LLM call may take [default: 60 planner, 120 synthesis].
     #[arg(long, value_name = "SECONDS")]
+    #[serde(rename = "llm_timeout_secs")]
     pub llm_timeout: Option<u64>,
     /// Retries after 429, 5xx and timeouts [default: 3].
     #[arg(long)]
@@ -296,24 +291,11 @@ pub struct LlmArgs {
     pub llm_ca_file: Option<std::path::PathBuf>,
 }
 
-impl LlmArgs {
-    /// The flags given, as overrides of `section`.
-    pub fn overrides(&self, section: &str) -> Vec<Override> {
-        let mut out = Vec::new();
-        push(&mut out, section, "llm", self.llm.clone());
-        push(&mut out, section, "llm_base_url", self.llm_base_url.as_ref().map(SecretUrl::expose));
-        push(&mut out, section, "llm_structured", self.llm_structured.clone());
-        push(&mut out, section, "llm_timeout_secs", self.llm_timeout);
-        push(&mut out, section, "llm_retries", self.llm_retries);
-        push(&mut out, section, "llm_ca_file", self.llm_ca_file.as_ref().map(|p| p.display().to_string()));
-        out
-    }
-}
-
 /// Flags of `agentmesh serve discovery`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct DiscoveryArgs {
     #[command(flatten)]
+    #[serde(flatten)]
     pub service: ServiceArgs,
     /// Expected seconds between agent heartbeats [default: 10].
     #[arg(long)]
@@ -321,16 +303,6 @@ pub struct DiscoveryArgs {
     /// Seconds a catalog snapshot is served before reloading [default: 30].
     #[arg(long)]
     pub cache_ttl_secs: Option<f64>,
-}
-
-impl DiscoveryArgs {
-    /// The flags given, as configuration overrides.
-    pub fn overrides(&self) -> Vec<Override> {
-        let mut out = self.service.overrides("discovery");
-        push(&mut out, "discovery", "heartbeat_interval_secs", self.heartbeat_interval_secs);
-        push(&mut out, "discovery", "cache_ttl_secs", self.cache_ttl_secs);
-        out
-    }
 }
 
 /// Flags of `agentmesh up`.
@@ -366,103 +338,82 @@ impl UpArgs {
     pub fn overrides(&self) -> Vec<Override> {
         let mut out = Vec::new();
         push(&mut out, "discovery", "listen", self.listen.map(|a| a.to_string()));
-        out.extend(self.llm.overrides("planner"));
-        out.extend(self.llm.overrides("synthesis"));
+        out.extend(overrides_of("planner", &self.llm));
+        out.extend(overrides_of("synthesis", &self.llm));
         out
     }
 }
 
 /// Flags of `agentmesh serve planner`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct PlannerArgs {
     #[command(flatten)]
+    #[serde(flatten)]
     pub service: ServiceArgs,
     #[command(flatten)]
+    #[serde(flatten)]
     pub llm: LlmArgs,
     /// Discovery's address [default: http://127.0.0.1:7400].
     #[arg(long)]
+    #[serde(rename = "discovery_url")]
     pub discovery: Option<String>,
     /// The orchestrator's own agent ids, never planned for (repeatable).
     #[arg(long = "self-agent-id")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub self_agent_ids: Vec<String>,
 }
 
-impl PlannerArgs {
-    /// The flags given, as configuration overrides.
-    pub fn overrides(&self) -> Vec<Override> {
-        let mut out = self.service.overrides("planner");
-        out.extend(self.llm.overrides("planner"));
-        push(&mut out, "planner", "discovery_url", self.discovery.clone());
-        if !self.self_agent_ids.is_empty() {
-            push(&mut out, "planner", "self_agent_ids", Some(self.self_agent_ids.clone()));
-        }
-        out
-    }
-}
-
 /// Flags of `agentmesh serve synthesis`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct SynthesisArgs {
     #[command(flatten)]
+    #[serde(flatten)]
     pub service: ServiceArgs,
     #[command(flatten)]
+    #[serde(flatten)]
     pub llm: LlmArgs,
     /// Discovery's address, for the catalog reviews suggest from [default: http://127.0.0.1:7400].
     #[arg(long)]
+    #[serde(rename = "discovery_url")]
     pub discovery: Option<String>,
     /// Most tokens of an answer [default: 1024].
     #[arg(long)]
     pub answer_max_tokens: Option<u32>,
 }
 
-impl SynthesisArgs {
-    /// The flags given, as configuration overrides.
-    pub fn overrides(&self) -> Vec<Override> {
-        let mut out = self.service.overrides("synthesis");
-        out.extend(self.llm.overrides("synthesis"));
-        push(&mut out, "synthesis", "discovery_url", self.discovery.clone());
-        push(&mut out, "synthesis", "answer_max_tokens", self.answer_max_tokens);
-        out
-    }
-}
-
 /// Flags of `agentmesh serve gateway`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct GatewayArgs {
     #[command(flatten)]
+    #[serde(flatten)]
     pub service: ServiceArgs,
     /// The planner's address [default: http://127.0.0.1:7401].
     #[arg(long)]
+    #[serde(rename = "planner_url")]
     pub planner: Option<String>,
     /// The executor's address [default: http://127.0.0.1:7402].
     #[arg(long)]
+    #[serde(rename = "executor_url")]
     pub executor: Option<String>,
     /// The synthesis service's address [default: http://127.0.0.1:7403].
     #[arg(long)]
+    #[serde(rename = "synthesis_url")]
     pub synthesis: Option<String>,
 }
 
-impl GatewayArgs {
-    /// The flags given, as configuration overrides.
-    pub fn overrides(&self) -> Vec<Override> {
-        let mut out = self.service.overrides("gateway");
-        push(&mut out, "gateway", "planner_url", self.planner.clone());
-        push(&mut out, "gateway", "executor_url", self.executor.clone());
-        push(&mut out, "gateway", "synthesis_url", self.synthesis.clone());
-        out
-    }
-}
-
 /// Flags of `agentmesh serve executor`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Serialize)]
 pub struct ExecutorArgs {
     #[command(flatten)]
+    #[serde(flatten)]
     pub service: ServiceArgs,
     /// Discovery's address [default: http://127.0.0.1:7400].
     #[arg(long)]
+    #[serde(rename = "discovery_url")]
     pub discovery: Option<String>,
     /// The planner's address, for loop-back [default: none: collaboration requests are rejected].
     #[arg(long)]
+    #[serde(rename = "planner_url")]
     pub planner: Option<String>,
     /// Steps of one execution running at once [default: 16].
     #[arg(long)]
@@ -476,20 +427,6 @@ pub struct ExecutorArgs {
     /// Seconds before another replica takes over the executions of one that stopped [default: 10].
     #[arg(long)]
     pub lease_secs: Option<f64>,
-}
-
-impl ExecutorArgs {
-    /// The flags given, as configuration overrides.
-    pub fn overrides(&self) -> Vec<Override> {
-        let mut out = self.service.overrides("executor");
-        push(&mut out, "executor", "discovery_url", self.discovery.clone());
-        push(&mut out, "executor", "planner_url", self.planner.clone());
-        push(&mut out, "executor", "max_concurrency", self.max_concurrency);
-        push(&mut out, "executor", "step_timeout_ms", self.step_timeout_ms);
-        push(&mut out, "executor", "max_retries", self.max_retries);
-        push(&mut out, "executor", "lease_secs", self.lease_secs);
-        out
-    }
 }
 
 #[cfg(test)]
@@ -512,8 +449,50 @@ mod tests {
         let shown = format!("{args:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("postgres://u:***@db/agentmesh"), "{shown}");
-        let overrides = format!("{:?}", args.overrides());
+        let overrides = format!("{:?}", overrides_of("discovery", &args));
         assert!(overrides.contains("hunter2"), "the flag's value itself is passed on whole: {overrides}");
+    }
+
+    #[test]
+    fn each_flag_sets_its_key_and_flags_not_given_set_nothing() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Planner {
+            #[command(flatten)]
+            flags: PlannerArgs,
+        }
+        #[derive(Parser)]
+        struct Executor {
+            #[command(flatten)]
+            flags: ExecutorArgs,
+        }
+        let keys = |overrides: Vec<Override>| -> Vec<String> {
+            overrides.into_iter().map(|(key, value)| format!("{key}={}", serde_json::json!(value))).collect()
+        };
+        let planner = Planner::parse_from([
+            "x",
+            "--discovery",
+            "http://d:1",
+            "--llm-timeout",
+            "7",
+            "--self-agent-id",
+            "me",
+            "--health-check-interval-secs",
+            "0.5",
+        ]);
+        assert_eq!(
+            keys(overrides_of("planner", &planner.flags)),
+            [
+                "planner.health_check_interval_secs=0.5",
+                "planner.llm_timeout_secs=7",
+                "planner.discovery_url=\"http://d:1\"",
+                "planner.self_agent_ids=[\"me\"]"
+            ]
+        );
+        let executor = Executor::parse_from(["x", "--planner", "http://p:2", "--print-config"]);
+        assert!(executor.flags.service.print_config);
+        assert_eq!(keys(overrides_of("executor", &executor.flags)), ["executor.planner_url=\"http://p:2\""]);
+        assert!(overrides_of("planner", &Planner::parse_from(["x"]).flags).is_empty());
     }
 
     #[test]

@@ -109,12 +109,13 @@ impl ServeCommand {
 
     /// The flags given, as configuration overrides.
     fn overrides(&self) -> Vec<config::Override> {
+        let section = self.parts().0;
         match self {
-            Self::Discovery(args) => args.overrides(),
-            Self::Planner(args) => args.overrides(),
-            Self::Executor(args) => args.overrides(),
-            Self::Synthesis(args) => args.overrides(),
-            Self::Gateway(args) => args.overrides(),
+            Self::Discovery(args) => config::overrides_of(section, args),
+            Self::Planner(args) => config::overrides_of(section, args),
+            Self::Executor(args) => config::overrides_of(section, args),
+            Self::Synthesis(args) => config::overrides_of(section, args),
+            Self::Gateway(args) => config::overrides_of(section, args),
         }
     }
 }

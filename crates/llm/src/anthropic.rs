@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
+use crate::OnText;
 use crate::http::{Failure, Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffort, Role, StructuredMode, Usage};
@@ -314,11 +315,7 @@ impl LlmProvider for Anthropic {
         Some(StructuredMode::Tool)
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         self.run(request, on_text).await
     }
 

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::OnText;
 use crate::anthropic::{ANTHROPIC_BASE_URL, Anthropic, AnthropicConfig};
 use crate::gemini::{GEMINI_BASE_URL, Gemini, GeminiConfig};
 use crate::models::Family;
@@ -47,11 +48,7 @@ impl LlmProvider for FallbackChain {
         self.providers.first().and_then(|p| p.structured_mode())
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         self.run(request, on_text).await
     }
 
@@ -73,11 +70,7 @@ impl LlmProvider for FallbackChain {
 }
 
 impl FallbackChain {
-    async fn run(
-        &self,
-        request: &CompletionRequest,
-        mut on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn run(&self, request: &CompletionRequest, mut on_text: OnText<'_>) -> Result<Completion, LlmError> {
         let mut last = LlmError::Config("no LLM provider configured; pass --llm provider:model".into());
         let order = self.order(request);
         let count = order.len();

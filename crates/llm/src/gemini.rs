@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
+use crate::OnText;
 use crate::http::{Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffort, Role, StructuredMode, Usage};
@@ -349,11 +350,7 @@ impl LlmProvider for Gemini {
         Some(StructuredMode::JsonSchema)
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         self.run(request, on_text).await
     }
 

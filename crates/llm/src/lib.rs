@@ -209,6 +209,9 @@ pub struct Completion {
     pub truncated: bool,
 }
 
+/// Where a streamed answer's text goes as it arrives, when the caller wants it.
+pub type OnText<'a> = Option<&'a mut (dyn for<'t> FnMut(&'t str) + Send)>;
+
 /// How often readiness checks probe an LLM's server (a TCP connection, no
 /// request): a hosted API is not asked every few seconds.
 pub const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
@@ -269,11 +272,7 @@ pub trait LlmProvider: Send + Sync {
     /// goes to `on_text` as the server produces it (a provider that cannot
     /// stream delivers the answer in one piece), and the whole completion is
     /// returned at the end.
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError>;
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError>;
 
     /// Completes a chat.
     async fn complete(&self, request: &CompletionRequest) -> Result<Completion, LlmError> {
@@ -356,11 +355,7 @@ impl LlmProvider for Preferred<'_> {
         self.inner.structured_mode()
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         self.inner.generate(&self.apply(request), on_text).await
     }
 

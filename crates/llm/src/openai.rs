@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
+use crate::OnText;
 use crate::http::{Failure, Http, HttpSettings, Post, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{
@@ -112,9 +113,6 @@ pub struct OpenAiCompatible {
     http: Http,
 }
 
-/// Where a streamed answer goes.
-type Sink<'a> = Option<&'a mut (dyn FnMut(&str) + Send)>;
-
 impl OpenAiCompatible {
     /// A provider with the given settings.
     pub fn new(mut config: OpenAiConfig) -> Result<Self, LlmError> {
@@ -185,7 +183,7 @@ impl OpenAiCompatible {
         &self,
         request: &CompletionRequest,
         mode: Option<StructuredMode>,
-        sink: &mut Sink<'_>,
+        sink: &mut OnText<'_>,
         started: Instant,
     ) -> Result<Completion, Failure> {
         let body = self.body(request, mode, sink.is_some());
@@ -218,7 +216,7 @@ impl OpenAiCompatible {
         Ok(completion)
     }
 
-    async fn run(&self, request: &CompletionRequest, mut sink: Sink<'_>) -> Result<Completion, LlmError> {
+    async fn run(&self, request: &CompletionRequest, mut sink: OnText<'_>) -> Result<Completion, LlmError> {
         let started = Instant::now();
         if request.response_schema.is_none() {
             return self.call(request, None, &mut sink, started).await.map_err(|f| f.into_error(1));
@@ -371,11 +369,7 @@ impl LlmProvider for OpenAiCompatible {
         }
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         self.run(request, on_text).await
     }
 

@@ -9,6 +9,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde::Deserialize;
 
+use crate::OnText;
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, Role, StructuredMode, Usage};
 
 /// One scripted answer.
@@ -80,11 +81,7 @@ impl LlmProvider for ReplayProvider {
         None
     }
 
-    async fn generate(
-        &self,
-        request: &CompletionRequest,
-        on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
-    ) -> Result<Completion, LlmError> {
+    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
         let started = Instant::now();
         let prompt: String = request
             .messages

@@ -6,13 +6,14 @@
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use crate::OnText;
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider};
 
 /// Calls `provider` inside a `chat {model}` span.
 pub async fn generate_traced(
     provider: &dyn LlmProvider,
     request: &CompletionRequest,
-    on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+    on_text: OnText<'_>,
 ) -> Result<Completion, LlmError> {
     let model = request.model.as_deref().unwrap_or_else(|| provider.model()).to_owned();
     let span = tracing::debug_span!(

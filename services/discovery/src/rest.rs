@@ -7,7 +7,7 @@ use std::time::Instant;
 use agentmesh_core::{AgentDefinition, ReportedStatus};
 use agentmesh_server::RequestId;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -168,14 +168,26 @@ fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<By
 }
 
 /// The agent id of the path, or the error body saying what is wrong with it.
-fn agent_id(path: Result<Path<String>, PathRejection>) -> Result<String, DiscoveryError> {
-    path.map(|Path(id)| id).map_err(|rejection| {
-        DiscoveryError::invalid(
-            "agent_id",
-            "",
-            format!("the agent id in the path is not valid: {}", rejection.body_text()),
-        )
-    })
+/// The agent id of a path (`/api/v1/agents/{id}…`) with the request's id;
+/// a path that does not decode is refused in the REST error shape.
+struct AgentPath {
+    id: String,
+    request_id: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AgentPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
+        let RequestId(request_id) = RequestId::from_request_parts(parts, state).await.unwrap_or_else(|e| match e {});
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(Self { id, request_id }),
+            Err(rejection) => {
+                let message = format!("the agent id in the path is not valid: {}", rejection.body_text());
+                Err(ApiError(DiscoveryError::invalid("agent_id", "", message), request_id).into_response())
+            }
+        }
+    }
 }
 
 /// A registration must be a JSON object: serde would also read an array as
@@ -228,15 +240,7 @@ async fn register(
     }
 }
 
-async fn get_agent(
-    State(state): State<RestState>,
-    RequestId(request_id): RequestId,
-    path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let id = match agent_id(path) {
-        Ok(id) => id,
-        Err(e) => return ApiError(e, request_id).into_response(),
-    };
+async fn get_agent(State(state): State<RestState>, AgentPath { id, request_id }: AgentPath) -> Response {
     match state.registry.get(&id).await {
         Ok((record, health)) => Json(agent_json(&record, health)).into_response(),
         Err(e) => ApiError(e, request_id).into_response(),
@@ -260,14 +264,9 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
 
 async fn heartbeat(
     State(state): State<RestState>,
-    RequestId(request_id): RequestId,
-    path: Result<Path<String>, PathRejection>,
+    AgentPath { id, request_id }: AgentPath,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let id = match agent_id(path) {
-        Ok(id) => id,
-        Err(e) => return ApiError(e, request_id).into_response(),
-    };
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
         let parsed: HeartbeatBody =
@@ -302,15 +301,7 @@ async fn heartbeat(
     }
 }
 
-async fn deregister(
-    State(state): State<RestState>,
-    RequestId(request_id): RequestId,
-    path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let id = match agent_id(path) {
-        Ok(id) => id,
-        Err(e) => return ApiError(e, request_id).into_response(),
-    };
+async fn deregister(State(state): State<RestState>, AgentPath { id, request_id }: AgentPath) -> Response {
     match state.registry.deregister(&id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError(e, request_id).into_response(),

@@ -17,12 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use agentmesh_core::plan::PlanBounds;
-use agentmesh_llm::{LlmProvider, PROBE_INTERVAL};
-use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use agentmesh_proto::v1::discovery_service_server::SERVICE_NAME as DISCOVERY_SERVICE;
 use agentmesh_proto::v1::planner_service_server::PlannerServiceServer;
-use agentmesh_server::Dependency;
-use agentmesh_store::Retention;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -114,12 +109,7 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let llm = Arc::new(config.llm.build()?);
-    let log = agentmesh_store::connect_interaction_log(&config.service.database_url)
-        .await
-        .context("opening the interaction log")?;
-    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url)?;
-    let discovery = DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(discovery_channel.clone()));
+    let reasoning = agentmesh_catalog::Reasoning::open(&config.service, &config.llm, &config.discovery_url).await?;
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let settings = PlannerSettings {
         preselect_threshold: config.preselect_threshold,
@@ -130,31 +120,22 @@ pub async fn serve_with_listener(
     };
     let service = service::PlannerGrpc {
         planner: Planner::new(settings),
-        llm: llm.clone(),
-        discovery,
-        log: log.clone(),
-        retention: Retention::from(config.llm.retention()),
+        llm: reasoning.llm.clone(),
+        discovery: reasoning.discovery.clone(),
+        log: reasoning.log.clone(),
+        retention: reasoning.retention,
         self_agent_ids: config.self_agent_ids.clone(),
         metrics: metrics.clone(),
         max_query_chars: config.max_query_chars,
     };
-    let purge = agentmesh_store::spawn_interaction_purge(log.clone());
     let server = PlannerServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
-    tracing::info!(llm = %config.llm.llm, "planning with {}", config.llm.llm);
     let observed = metrics.clone();
-    let result = agentmesh_server::Service::new("planner", SERVICE_NAME, tonic::service::Routes::new(server))
+    agentmesh_server::Service::new("planner", SERVICE_NAME, tonic::service::Routes::new(server))
         .layer_grpc(move |grpc| grpc.layer(axum::middleware::from_fn_with_state(observed, routes::observe_rpc)))
         .metrics(move || metrics.render())
-        .depends_on(vec![
-            Dependency::grpc("discovery", DISCOVERY_SERVICE, discovery_channel),
-            Dependency::store(log, |log| async move { log.ping().await }),
-            // Reported, not required: see docs/observability.md#readiness.
-            Dependency::of("llm", llm, |llm| async move { llm.probe().await }).advisory().at_most_every(PROBE_INTERVAL),
-        ])
+        .depends_on(reasoning.dependencies())
         .serve(&config.service, listener, shutdown)
-        .await;
-    purge.abort();
-    result
+        .await
 }
 
 #[cfg(test)]

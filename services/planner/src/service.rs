@@ -16,7 +16,7 @@ use chrono::Utc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::engine::{Interaction, InteractionKind, PlanOutcome, PlanStats, Planner, PlanningError, with_request_id};
+use crate::engine::{Interaction, PlanOutcome, PlanStats, Planner, PlanningError, with_request_id};
 use crate::metrics::Metrics;
 use agentmesh_catalog::{self as catalog, AllowPattern};
 
@@ -30,16 +30,6 @@ pub struct PlannerGrpc {
     pub(crate) self_agent_ids: Vec<String>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) max_query_chars: usize,
-}
-
-fn kind_name(kind: InteractionKind) -> &'static str {
-    match kind {
-        InteractionKind::Preselection => "preselection",
-        InteractionKind::Plan => "plan",
-        InteractionKind::PlanRetry => "plan_retry",
-        InteractionKind::HallucinationRetry => "hallucination_retry",
-        InteractionKind::Replan => "replan",
-    }
 }
 
 fn kind_pb(kind: &str) -> pb::LlmInteractionKind {
@@ -84,7 +74,7 @@ impl PlannerGrpc {
             .map(|i| InteractionRecord {
                 id: 0,
                 request_id: request_id.to_owned(),
-                kind: kind_name(i.kind).to_owned(),
+                kind: crate::metrics::kind_label(i.kind).to_owned(),
                 prompt: i.prompt.clone(),
                 response: i.response.clone(),
                 model: i.model.clone(),
@@ -150,12 +140,7 @@ impl PlannerService for PlannerGrpc {
                 self.max_query_chars
             )));
         }
-        let allow: Vec<AllowPattern> = r
-            .allow
-            .iter()
-            .map(|a| AllowPattern::parse(a))
-            .collect::<Result<_, _>>()
-            .map_err(Status::invalid_argument)?;
+        let allow = AllowPattern::parse_all(&r.allow).map_err(Status::invalid_argument)?;
         let excluded = self.excluded(&r.caller_agent_ids, &r.exclude_agents);
         let mut discovery = self.discovery.clone();
         let fetched = catalog::fetch(&mut discovery, &excluded, r.include_unhealthy, &request_id)
@@ -212,12 +197,7 @@ impl PlannerService for PlannerGrpc {
                 stats: None,
             }))
         };
-        let allow: Vec<AllowPattern> = r
-            .allow
-            .iter()
-            .map(|a| AllowPattern::parse(a))
-            .collect::<Result<_, _>>()
-            .map_err(Status::invalid_argument)?;
+        let allow = AllowPattern::parse_all(&r.allow).map_err(Status::invalid_argument)?;
         if self.excluded(&r.caller_agent_ids, &[]).contains(&collab.agent) {
             return rejected(format!("agent `{}` is the calling orchestrator itself", collab.agent));
         }

@@ -13,12 +13,7 @@ pub mod service;
 use std::future::Future;
 use std::sync::Arc;
 
-use agentmesh_llm::{LlmProvider, PROBE_INTERVAL};
-use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use agentmesh_proto::v1::discovery_service_server::SERVICE_NAME as DISCOVERY_SERVICE;
 use agentmesh_proto::v1::synthesis_service_server::SynthesisServiceServer;
-use agentmesh_server::Dependency;
-use agentmesh_store::Retention;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -124,39 +119,25 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let llm = Arc::new(config.llm.build()?);
-    let log = agentmesh_store::connect_interaction_log(&config.service.database_url)
-        .await
-        .context("opening the interaction log")?;
-    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url)?;
-    let discovery = DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(discovery_channel.clone()));
+    let reasoning = agentmesh_catalog::Reasoning::open(&config.service, &config.llm, &config.discovery_url).await?;
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let service = service::SynthesisGrpc {
         inner: Arc::new(service::Inner {
             synthesizer: Synthesizer::new(config.settings()),
-            llm: llm.clone(),
-            discovery,
-            log: log.clone(),
-            retention: Retention::from(config.llm.retention()),
+            llm: reasoning.llm.clone(),
+            discovery: reasoning.discovery.clone(),
+            log: reasoning.log.clone(),
+            retention: reasoning.retention,
             metrics: metrics.clone(),
             max_query_chars: config.max_query_chars,
         }),
     };
-    let purge = agentmesh_store::spawn_interaction_purge(log.clone());
     let server = SynthesisServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
-    tracing::info!(llm = %config.llm.llm, "synthesizing with {}", config.llm.llm);
-    let result = agentmesh_server::Service::new("synthesis", SERVICE_NAME, tonic::service::Routes::new(server))
+    agentmesh_server::Service::new("synthesis", SERVICE_NAME, tonic::service::Routes::new(server))
         .metrics(move || metrics.render())
-        .depends_on(vec![
-            Dependency::grpc("discovery", DISCOVERY_SERVICE, discovery_channel),
-            Dependency::store(log, |log| async move { log.ping().await }),
-            // Reported, not required: see docs/observability.md#readiness.
-            Dependency::of("llm", llm, |llm| async move { llm.probe().await }).advisory().at_most_every(PROBE_INTERVAL),
-        ])
+        .depends_on(reasoning.dependencies())
         .serve(&config.service, listener, shutdown)
-        .await;
-    purge.abort();
-    result
+        .await
 }
 
 #[cfg(test)]

@@ -233,7 +233,7 @@ impl LlmProvider for InstantLlm {
     async fn generate(
         &self,
         request: &CompletionRequest,
-        _on_text: Option<&mut (dyn for<'t> FnMut(&'t str) + Send)>,
+        _on_text: agentmesh_llm::OnText<'_>,
     ) -> Result<Completion, LlmError> {
         let started = Instant::now();
         if let (Some(sent), Some(schema)) = (&self.sent, &request.response_schema)
