@@ -10,7 +10,7 @@ use agentmesh_proto::convert::plan_from_pb;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::executor_service_server::ExecutorService;
 use agentmesh_store::executions::ExecutionFilter;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _, TryStreamExt as _};
 use tonic::{Request, Response, Status};
 
 use crate::convert::{execution_to_pb, status_from_pb, summary_to_pb, trace_id_of};
@@ -154,14 +154,28 @@ impl ExecutorService for ExecutorGrpc {
             return Err(invalid("steps", "at least one step or collaboration is required").into());
         }
         let steps: Vec<_> = r.steps.iter().map(agentmesh_proto::convert::step_from_pb).collect();
-        let collaborations = r.collaborations.iter().map(agentmesh_proto::convert::collaboration_from_pb).collect();
+        let collaborations: Vec<_> =
+            r.collaborations.iter().map(agentmesh_proto::convert::collaboration_from_pb).collect();
         let reason = if r.reason.trim().is_empty() { "extended by request".to_owned() } else { r.reason };
         let preference = (r.model, r.reasoning_effort);
-        let sequence = self.engine.extend(&r.execution_id, steps, collaborations, preference, reason).await?;
-        let events = watch::stream(self.engine.clone(), r.execution_id, sequence - 1);
-        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(events, |e| {
-            e.map(|event| pb::ExtendExecutionResponse { event: Some(event) })
-        }))))
+        let respond = |events: EventStream<pb::ExecutionEvent>| -> EventStream<pb::ExtendExecutionResponse> {
+            Box::pin(events.map_ok(|event| pb::ExtendExecutionResponse { event: Some(event) }))
+        };
+        let (engine, id) = (self.engine.clone(), r.execution_id);
+        if collaborations.is_empty() {
+            let sequence = engine.extend(&id, steps, collaborations, preference, reason).await?;
+            return Ok(Response::new(respond(Box::pin(watch::stream(engine, id, sequence - 1)))));
+        }
+        // Planning collaborations takes as long as the planner's model does:
+        // the stream opens at once, and its first event (or its error)
+        // follows once they are planned.
+        let extended = async move {
+            match engine.extend(&id, steps, collaborations, preference, reason).await {
+                Ok(sequence) => Box::pin(watch::stream(engine, id, sequence - 1)) as EventStream<pb::ExecutionEvent>,
+                Err(e) => Box::pin(futures_util::stream::once(std::future::ready(Err(Status::from(e))))),
+            }
+        };
+        Ok(Response::new(respond(Box::pin(futures_util::stream::once(extended).flatten()))))
     }
 
     async fn get_execution(

@@ -201,7 +201,10 @@ async fn collaborations_extend_a_finished_execution_through_the_planner(backend:
     assert_eq!(asked.len(), 1, "the refused collaboration never reached the model");
     assert_eq!(asked[0].body["model"], "scripted-model");
 
-    let refused = client.extend_execution(extend(vec![collaboration("ghost", "x", "haunt")])).await.unwrap_err();
+    // Planning takes as long as the model: the stream opens at once and ends with the refusal.
+    let mut stream =
+        client.extend_execution(extend(vec![collaboration("ghost", "x", "haunt")])).await.unwrap().into_inner();
+    let refused = stream.message().await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     let reason = tonic_types::StatusExt::get_details_error_info(&refused).map(|i| i.reason);
     assert_eq!(reason.as_deref(), Some("NOTHING_TO_RUN"), "{}", refused.message());
