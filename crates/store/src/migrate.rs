@@ -17,9 +17,19 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use crate::{StoreError, StoreResult};
 
-/// The scripts of one backend's directory, by version and description.
-macro_rules! scripts {
-    ($dir:literal: $($version:literal $name:literal,)+) => {
+/// One backend's migrator: the scripts of its directory, in order. Both
+/// directories hold the same numbered scripts, each in its database's SQL.
+macro_rules! migrator {
+    ($dir:literal) => {
+        Migrator::with_migrations(migrator!(@scripts $dir:
+            1 "0001_agents",
+            2 "0002_llm_interactions",
+            3 "0003_executions",
+            4 "0004_orchestration_events",
+            5 "0005_sqlx_migrations",
+        ))
+    };
+    (@scripts $dir:literal: $($version:literal $name:literal,)+) => {
         vec![$(
             Migration::new(
                 $version,
@@ -33,26 +43,10 @@ macro_rules! scripts {
 }
 
 /// PostgreSQL's migrations.
-pub(crate) static POSTGRES: LazyLock<Migrator> = LazyLock::new(|| {
-    Migrator::with_migrations(scripts!("postgres":
-        1 "0001_agents",
-        2 "0002_llm_interactions",
-        3 "0003_executions",
-        4 "0004_orchestration_events",
-        5 "0005_sqlx_migrations",
-    ))
-});
+pub(crate) static POSTGRES: LazyLock<Migrator> = LazyLock::new(|| migrator!("postgres"));
 
 /// SQLite's migrations.
-pub(crate) static SQLITE: LazyLock<Migrator> = LazyLock::new(|| {
-    Migrator::with_migrations(scripts!("sqlite":
-        1 "0001_agents",
-        2 "0002_llm_interactions",
-        3 "0003_executions",
-        4 "0004_orchestration_events",
-        5 "0005_sqlx_migrations",
-    ))
-});
+pub(crate) static SQLITE: LazyLock<Migrator> = LazyLock::new(|| migrator!("sqlite"));
 
 /// Stores opening one database at once in this process (`agentmesh up`
 /// opens one SQLite file for every service) migrate it one at a time.
