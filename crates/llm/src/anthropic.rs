@@ -125,47 +125,6 @@ impl Anthropic {
         }
         body
     }
-
-    async fn run(
-        &self,
-        request: &CompletionRequest,
-        sink: Option<&mut (dyn FnMut(&str) + Send)>,
-    ) -> Result<Completion, LlmError> {
-        let started = Instant::now();
-        let body = self.body(request, sink.is_some());
-        let post = Post { url: &self.endpoint, headers: &self.headers, body: &body, mode_sensitive: false };
-        let structured = request.response_schema.is_some();
-        let mut answer = Answer::default();
-        match sink {
-            None => {
-                let response = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
-                answer.read_message(&response)?;
-            }
-            Some(on_text) => {
-                let mut on_event = |event: SseEvent| answer.read_event(&event, structured, &mut *on_text);
-                self.http.post_events(&post, &mut on_event).await.map_err(|f: Failure| f.into_error(1))?;
-            }
-        }
-        let text = if structured && answer.tool_input.is_some() {
-            answer.tool_input.unwrap_or_default()
-        } else if answer.text.is_empty() && answer.tool_input.is_none() {
-            return Err(LlmError::InvalidResponse(format!(
-                "the answer holds neither text nor a tool call (stop reason: {})",
-                answer.stop_reason.as_deref().unwrap_or("none")
-            )));
-        } else {
-            answer.text
-        };
-        Ok(Completion {
-            text,
-            provider: "anthropic".into(),
-            model: answer.model.unwrap_or_else(|| body["model"].as_str().unwrap_or(&self.model).to_owned()),
-            structured_mode: structured.then_some(StructuredMode::Tool),
-            usage: answer.usage,
-            latency: started.elapsed(),
-            truncated: answer.stop_reason.as_deref() == Some("max_tokens"),
-        })
-    }
 }
 
 /// Content blocks read from one streamed answer (an answer holds a few:
@@ -315,8 +274,41 @@ impl LlmProvider for Anthropic {
         Some(StructuredMode::Tool)
     }
 
-    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
-        self.run(request, on_text).await
+    async fn generate(&self, request: &CompletionRequest, sink: OnText<'_>) -> Result<Completion, LlmError> {
+        let started = Instant::now();
+        let body = self.body(request, sink.is_some());
+        let post = Post { url: &self.endpoint, headers: &self.headers, body: &body, mode_sensitive: false };
+        let structured = request.response_schema.is_some();
+        let mut answer = Answer::default();
+        match sink {
+            None => {
+                let response = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
+                answer.read_message(&response)?;
+            }
+            Some(on_text) => {
+                let mut on_event = |event: SseEvent| answer.read_event(&event, structured, &mut *on_text);
+                self.http.post_events(&post, &mut on_event).await.map_err(|f: Failure| f.into_error(1))?;
+            }
+        }
+        let text = if structured && answer.tool_input.is_some() {
+            answer.tool_input.unwrap_or_default()
+        } else if answer.text.is_empty() && answer.tool_input.is_none() {
+            return Err(LlmError::InvalidResponse(format!(
+                "the answer holds neither text nor a tool call (stop reason: {})",
+                answer.stop_reason.as_deref().unwrap_or("none")
+            )));
+        } else {
+            answer.text
+        };
+        Ok(Completion {
+            text,
+            provider: "anthropic".into(),
+            model: answer.model.unwrap_or_else(|| body["model"].as_str().unwrap_or(&self.model).to_owned()),
+            structured_mode: structured.then_some(StructuredMode::Tool),
+            usage: answer.usage,
+            latency: started.elapsed(),
+            truncated: answer.stop_reason.as_deref() == Some("max_tokens"),
+        })
     }
 
     fn accepts_model(&self, name: &str) -> bool {

@@ -229,47 +229,6 @@ impl Gemini {
         }
         body
     }
-
-    async fn run(
-        &self,
-        request: &CompletionRequest,
-        sink: Option<&mut (dyn FnMut(&str) + Send)>,
-    ) -> Result<Completion, LlmError> {
-        let started = Instant::now();
-        let model = self.request_model(request);
-        let body = self.body(request);
-        let url = self.url(&model, sink.is_some());
-        let post = Post { url: &url, headers: &self.headers, body: &body, mode_sensitive: false };
-        let mut answer = Answer { model, ..Answer::default() };
-        match sink {
-            None => {
-                let response = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
-                answer.read(&response, &mut |_| {})?;
-            }
-            Some(on_text) => {
-                let mut on_event = |event: SseEvent| answer.read(&event_json(&event)?, &mut *on_text);
-                self.http.post_events(&post, &mut on_event).await.map_err(|f| f.into_error(1))?;
-            }
-        }
-        if answer.text.is_empty() {
-            return Err(LlmError::InvalidResponse(match answer.blocked {
-                Some(reason) => format!("Gemini blocked the prompt ({reason})"),
-                None => format!(
-                    "the answer holds no text (finish reason: {})",
-                    answer.finish_reason.as_deref().unwrap_or("none")
-                ),
-            }));
-        }
-        Ok(Completion {
-            text: answer.text,
-            provider: "gemini".into(),
-            model: answer.model,
-            structured_mode: request.response_schema.is_some().then_some(StructuredMode::JsonSchema),
-            usage: answer.usage,
-            latency: started.elapsed(),
-            truncated: answer.finish_reason.as_deref() == Some("MAX_TOKENS"),
-        })
-    }
 }
 
 /// What has been read of an answer: one response, or the chunks of a stream
@@ -350,8 +309,41 @@ impl LlmProvider for Gemini {
         Some(StructuredMode::JsonSchema)
     }
 
-    async fn generate(&self, request: &CompletionRequest, on_text: OnText<'_>) -> Result<Completion, LlmError> {
-        self.run(request, on_text).await
+    async fn generate(&self, request: &CompletionRequest, sink: OnText<'_>) -> Result<Completion, LlmError> {
+        let started = Instant::now();
+        let model = self.request_model(request);
+        let body = self.body(request);
+        let url = self.url(&model, sink.is_some());
+        let post = Post { url: &url, headers: &self.headers, body: &body, mode_sensitive: false };
+        let mut answer = Answer { model, ..Answer::default() };
+        match sink {
+            None => {
+                let response = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
+                answer.read(&response, &mut |_| {})?;
+            }
+            Some(on_text) => {
+                let mut on_event = |event: SseEvent| answer.read(&event_json(&event)?, &mut *on_text);
+                self.http.post_events(&post, &mut on_event).await.map_err(|f| f.into_error(1))?;
+            }
+        }
+        if answer.text.is_empty() {
+            return Err(LlmError::InvalidResponse(match answer.blocked {
+                Some(reason) => format!("Gemini blocked the prompt ({reason})"),
+                None => format!(
+                    "the answer holds no text (finish reason: {})",
+                    answer.finish_reason.as_deref().unwrap_or("none")
+                ),
+            }));
+        }
+        Ok(Completion {
+            text: answer.text,
+            provider: "gemini".into(),
+            model: answer.model,
+            structured_mode: request.response_schema.is_some().then_some(StructuredMode::JsonSchema),
+            usage: answer.usage,
+            latency: started.elapsed(),
+            truncated: answer.finish_reason.as_deref() == Some("MAX_TOKENS"),
+        })
     }
 
     fn accepts_model(&self, name: &str) -> bool {

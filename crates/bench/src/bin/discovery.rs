@@ -308,6 +308,49 @@ fn open_window(length: Duration) -> (Instant, Instant) {
 }
 
 /// Waits for the next paced slot, if pacing.
+/// One client's measured calls: `next` paces them and says when the window
+/// has closed; `record` keeps those that started inside it and prints the
+/// run's first failure once.
+struct Measured<'a> {
+    window: (Instant, Instant),
+    next: Instant,
+    paced: Option<Duration>,
+    reported: &'a std::sync::atomic::AtomicBool,
+    lat: Latencies,
+}
+
+impl<'a> Measured<'a> {
+    fn new(
+        window: (Instant, Instant),
+        offset: Duration,
+        paced: Option<Duration>,
+        reported: &'a std::sync::atomic::AtomicBool,
+    ) -> Self {
+        Measured { window, next: Instant::now() + offset, paced, reported, lat: Latencies::default() }
+    }
+
+    /// When the next call starts, or `None` once the window has closed.
+    async fn next(&mut self) -> Option<Instant> {
+        if Instant::now() >= self.window.1 {
+            return None;
+        }
+        pace(self.paced, &mut self.next).await;
+        let t0 = Instant::now();
+        (t0 < self.window.1).then_some(t0)
+    }
+
+    fn record(&mut self, t0: Instant, result: Result<(), String>) {
+        if let Err(e) = &result
+            && !self.reported.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            eprintln!("first error: {e}");
+        }
+        if t0 >= self.window.0 {
+            if result.is_ok() { self.lat.record(t0.elapsed()) } else { self.lat.errors += 1 }
+        }
+    }
+}
+
 async fn pace(interval: Option<Duration>, next: &mut Instant) {
     if let Some(interval) = interval {
         tokio::time::sleep_until((*next).into()).await;
@@ -347,8 +390,7 @@ async fn run_load(
         let (ready, window) = (ready.clone(), window.clone());
         let channel = (!shared.is_empty()).then(|| shared[client_no % shared.len()].clone());
         tasks.push(tokio::spawn(async move {
-            let mut lat = Latencies::default();
-            match protocol {
+            let lat = match protocol {
                 Protocol::Grpc => {
                     let connected = async {
                         let channel = match channel {
@@ -363,25 +405,13 @@ async fn run_load(
                     .await;
                     ready.wait().await;
                     let mut client = connected?;
-                    let (start, end) = *window.get_or_init(|| open_window(measure));
-                    let mut next = Instant::now() + offset;
-                    while Instant::now() < end {
-                        pace(paced, &mut next).await;
-                        let t0 = Instant::now();
-                        if t0 >= end {
-                            break;
-                        }
+                    let window = *window.get_or_init(|| open_window(measure));
+                    let mut measured = Measured::new(window, offset, paced, &reported);
+                    while let Some(t0) = measured.next().await {
                         let result = client.call(query.grpc()).await;
-                        if let Err(e) = &result
-                            && !reported.swap(true, std::sync::atomic::Ordering::Relaxed)
-                        {
-                            eprintln!("first error: {e}");
-                        }
-                        let ok = result.is_ok();
-                        if t0 >= start {
-                            if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
-                        }
+                        measured.record(t0, result.map(drop).map_err(|e| e.to_string()));
                     }
+                    measured.lat
                 }
                 Protocol::Rest => {
                     let client = agentmesh_llm::client_builder().pool_max_idle_per_host(1).http1_only().build()?;
@@ -392,29 +422,18 @@ async fn run_load(
                         let _ = r.bytes().await;
                     }
                     ready.wait().await;
-                    let (start, end) = *window.get_or_init(|| open_window(measure));
-                    let mut next = Instant::now() + offset;
-                    while Instant::now() < end {
-                        pace(paced, &mut next).await;
-                        let t0 = Instant::now();
-                        if t0 >= end {
-                            break;
-                        }
-                        let ok = match client.get(&url).send().await {
-                            Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-                            other => {
-                                if !reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                                    eprintln!("first error: {:?}", other.map(|r| r.status()));
-                                }
-                                false
-                            }
+                    let window = *window.get_or_init(|| open_window(measure));
+                    let mut measured = Measured::new(window, offset, paced, &reported);
+                    while let Some(t0) = measured.next().await {
+                        let result = match client.get(&url).send().await {
+                            Ok(r) if r.status().is_success() => r.bytes().await.map(drop).map_err(|e| e.to_string()),
+                            other => Err(format!("{:?}", other.map(|r| r.status()))),
                         };
-                        if t0 >= start {
-                            if ok { lat.record(t0.elapsed()) } else { lat.errors += 1 }
-                        }
+                        measured.record(t0, result);
                     }
+                    measured.lat
                 }
-            }
+            };
             Ok::<Latencies, anyhow::Error>(lat)
         }));
     }
