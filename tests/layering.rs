@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Which workspace crates each library below the services may depend on.
-const BELOW_SERVICES: [(&str, &[&str]); 7] = [
+const BELOW_SERVICES: [(&str, &[&str]); 9] = [
     ("agentmesh-core", &[]),
     ("agentmesh-proto", &["agentmesh-core"]),
     ("agentmesh-telemetry", &[]),
@@ -27,6 +27,10 @@ const BELOW_SERVICES: [(&str, &[&str]); 7] = [
         ],
     ),
     ("agentmesh-server", &["agentmesh-proto", "agentmesh-telemetry"]),
+    // Agents are clients of the mesh: the SDK and the demo agents know
+    // only its contracts, never a service.
+    ("agentmesh-agent-sdk", &["agentmesh-proto", "agentmesh-telemetry"]),
+    ("agentmesh-demo-agents", &["agentmesh-agent-sdk"]),
 ];
 
 /// Every workspace package with the workspace crates it depends on

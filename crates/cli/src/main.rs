@@ -9,6 +9,7 @@ mod agents;
 mod ask;
 mod config;
 mod connect;
+mod demo;
 mod executions;
 mod plan;
 mod up;
@@ -42,6 +43,10 @@ enum Command {
     /// --data-dir): discovery, the executor, and the planner and synthesis
     /// when an LLM is given.
     Up(config::UpArgs),
+    /// See the mesh at work offline: every service in this process, demo
+    /// agents, a scripted model, and six stories run end to end (a
+    /// hallucinated tool caught, a loop-back, a recovery round…).
+    Demo(demo::DemoArgs),
     /// Register, inspect and remove agents in a running discovery service.
     Agents(agents::AgentsArgs),
     /// Ask the gateway: plan, run, answer and review a request, printing
@@ -125,7 +130,7 @@ impl Command {
     fn service_name(&self) -> &'static str {
         match self {
             Command::Serve { service } => service.parts().1,
-            Command::Up(_) => "agentmesh",
+            Command::Up(_) | Command::Demo(_) => "agentmesh",
             _ => "agentmesh-cli",
         }
     }
@@ -143,6 +148,7 @@ impl Command {
     fn defaults(&self) -> Vec<config::Override> {
         match self {
             Command::Up(args) => args.defaults(),
+            Command::Demo(_) => demo::DemoArgs::defaults(),
             _ => Vec::new(),
         }
     }
@@ -239,6 +245,7 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::Serve { service: ServeCommand::Gateway(_) } => {
             agentmesh_gateway::serve(config.gateway, shutdown_signal()).await
         }
+        Command::Demo(args) => demo::run(args, config, shutdown_signal()).await,
         Command::Ask(args) => ask::ask(args).await,
         Command::Run(args) => executions::run(args).await,
         Command::Executions(args) => executions::executions(args).await,

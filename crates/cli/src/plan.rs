@@ -42,7 +42,7 @@ pub struct InteractionsArgs {
     planner: String,
 }
 
-async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<TracedChannel>> {
+pub(crate) async fn client(url: &str) -> anyhow::Result<PlannerServiceClient<TracedChannel>> {
     Ok(PlannerServiceClient::new(crate::connect::connect(url, "the planner", "agentmesh serve planner").await?))
 }
 

@@ -705,3 +705,41 @@ async fn the_collector_address_is_logged_without_its_password() {
     assert!(logs.contains("http://tracer:***@127.0.0.1:9/v1/traces?token=***"), "{logs}");
     assert!(!logs.contains("hunter"), "{logs}");
 }
+
+#[test]
+fn demo_runs_every_story_and_says_how_each_ended() {
+    let (ok, out, err) = agentmesh(&["demo"]);
+    assert!(ok, "the demo failed:\n{out}\n{err}");
+    assert!(out.contains("SCRIPTED"), "the scripted model is not announced: {out}");
+    let verdicts: Vec<&str> = out.lines().skip_while(|l| *l != "verdicts:").skip(1).collect();
+    for story in ["weather", "time", "tsla", "tokyo", "review", "recovery"] {
+        assert!(verdicts.iter().any(|l| l.starts_with(&format!("  ✔ {story}: "))), "{story}: {out}");
+    }
+    assert_eq!(verdicts.len(), 6, "{out}");
+    // What happened is shown, not only judged.
+    for shown in ["time-tool-v1", "calculation-agent", "step_retrying", "plan_extended", "[round 1]", "answer: "] {
+        assert!(out.contains(shown) || err.contains(shown), "`{shown}` not shown:\n{out}\n{err}");
+    }
+    let (ok, _, err) = agentmesh(&["demo", "--story", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("no story `nope`; the stories are weather, time, tsla, tokyo, review, recovery"), "{err}");
+}
+
+#[test]
+fn up_without_a_model_says_how_to_give_one() {
+    let dir = std::env::temp_dir().join(format!("agentmesh-up-nollm-{}", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+        .args(["up", "--data-dir", dir.to_str().unwrap_or_default(), "--listen", "127.0.0.1:0"])
+        .env_remove("AGENTMESH_CONFIG")
+        .env("AGENTMESH_EXECUTOR__LISTEN", "127.0.0.1:0")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let said = lines.by_ref().take(2).map(|l| l.unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(said.contains("planning needs a model") && said.contains("agentmesh demo"), "{said}");
+}

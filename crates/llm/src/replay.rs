@@ -12,17 +12,45 @@ use serde::Deserialize;
 use crate::OnText;
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, Role, StructuredMode, Usage};
 
+/// One text, or several, that a prompt must (or must not) contain.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(untagged)]
+pub enum Texts {
+    /// None given.
+    #[default]
+    None,
+    /// One text.
+    One(String),
+    /// Several texts.
+    All(Vec<String>),
+}
+
+impl Texts {
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        let texts: &[String] = match self {
+            Self::None => &[],
+            Self::One(one) => std::slice::from_ref(one),
+            Self::All(all) => all,
+        };
+        texts.iter().map(String::as_str)
+    }
+}
+
 /// One scripted answer.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum ReplayEntry {
     /// Answered in turn.
     Text(String),
-    /// Answered when the user messages contain `match` (or in turn without it).
+    /// Answered when the user messages contain every text of `match` and
+    /// none of `unless` (or in turn without either).
     Scripted {
-        /// Substring of the user messages that selects this answer.
+        /// Text (or texts, all of them) of the user messages that select this answer.
         #[serde(default, rename = "match")]
-        matches: Option<String>,
+        matches: Texts,
+        /// Text (or texts) that rule this answer out when any appears.
+        #[serde(default)]
+        unless: Texts,
         /// The answer.
         text: String,
         /// Serve it every time it matches instead of once.
@@ -32,11 +60,24 @@ pub enum ReplayEntry {
 }
 
 impl ReplayEntry {
-    fn parts(&self) -> (Option<&str>, &str, bool) {
+    /// Whether the entry answers `prompt`.
+    fn fits(&self, prompt: &str) -> bool {
         match self {
-            Self::Text(text) => (None, text, false),
-            Self::Scripted { matches, text, repeat } => (matches.as_deref(), text, *repeat),
+            Self::Text(_) => true,
+            Self::Scripted { matches, unless, .. } => {
+                matches.iter().all(|m| prompt.contains(m)) && !unless.iter().any(|u| prompt.contains(u))
+            }
         }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Self::Text(text) | Self::Scripted { text, .. } => text,
+        }
+    }
+
+    fn repeats(&self) -> bool {
+        matches!(self, Self::Scripted { repeat: true, .. })
     }
 }
 
@@ -91,10 +132,8 @@ impl LlmProvider for ReplayProvider {
             .collect::<Vec<_>>()
             .join("\n");
         let mut used = self.used.lock().map_err(|_| LlmError::Config("replay state poisoned".into()))?;
-        let pick = self.entries.iter().enumerate().find(|(i, entry)| {
-            let (matches, _, repeat) = entry.parts();
-            (repeat || !used[*i]) && matches.is_none_or(|m| prompt.contains(m))
-        });
+        let pick =
+            self.entries.iter().enumerate().find(|(i, entry)| (entry.repeats() || !used[*i]) && entry.fits(&prompt));
         let Some((i, entry)) = pick else {
             return Err(LlmError::InvalidResponse(format!(
                 "replay script {} has no answer left for this request",
@@ -102,7 +141,7 @@ impl LlmProvider for ReplayProvider {
             )));
         };
         used[i] = true;
-        let text = entry.parts().1;
+        let text = entry.text();
         // Streamed a word at a time, like a model, so that streaming clients
         // show it arriving.
         if let Some(on_text) = on_text {
@@ -149,6 +188,20 @@ mod tests {
         assert_eq!(ask(&p, "something else").unwrap(), "second");
         let err = ask(&p, "more").unwrap_err().to_string();
         assert!(err.contains("no answer left"), "{err}");
+    }
+
+    #[test]
+    fn matches_every_text_and_none_it_must_not() {
+        let entries: Vec<ReplayEntry> = serde_json::from_str(
+            r#"[{"match": ["review", "Chicago"], "unless": ") failed", "text": "achieved", "repeat": true},
+                {"match": "review", "unless": ["nothing", "never"], "text": "not achieved", "repeat": true}]"#,
+        )
+        .unwrap();
+        let p = ReplayProvider::new("inline".into(), entries);
+        assert_eq!(ask(&p, "review: weather in Chicago, s1 succeeded").unwrap(), "achieved");
+        assert_eq!(ask(&p, "review: weather in Chicago, s1 (weather) failed").unwrap(), "not achieved");
+        assert_eq!(ask(&p, "review: weather in Tokyo").unwrap(), "not achieved");
+        assert!(ask(&p, "review: nothing").is_err());
     }
 
     #[test]

@@ -1,0 +1,84 @@
+//! The Python examples (`examples/python/`: a gRPC client with stubs
+//! generated from `proto/`, a REST/SSE client, an agent written with the
+//! standard library) against `agentmesh demo --serve`, as a user runs
+//! them. They need Python 3 with `examples/python/requirements.txt`
+//! installed (`.ci/run` installs it); under `CI=true` a missing one is a
+//! failure, elsewhere the test says it was skipped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::BufRead as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/python")
+}
+
+/// Stops the demo when the test ends, however it ends.
+struct Demo(std::process::Child);
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_python_examples_run_against_demo_serve() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let ready = Command::new(&python).args(["-c", "import grpc, grpc_tools"]).output();
+    if !ready.as_ref().is_ok_and(|o| o.status.success()) {
+        let why = "Python 3 with examples/python/requirements.txt installed is needed (pip install -r examples/python/requirements.txt)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("agentmesh-python-examples-{}", std::process::id()));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
+    command
+        .args(["demo", "--serve", "--data-dir", dir.to_str().unwrap()])
+        .env_remove("AGENTMESH_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for service in ["DISCOVERY", "PLANNER", "EXECUTOR", "SYNTHESIS", "GATEWAY"] {
+        command.env(format!("AGENTMESH_{service}__LISTEN"), "127.0.0.1:0");
+    }
+    let mut demo = Demo(command.spawn().unwrap());
+    // The demo prints each service's address, then keeps running.
+    let mut addresses = std::collections::HashMap::new();
+    let mut printed = String::new();
+    for line in std::io::BufReader::new(demo.0.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if let [name, url] = words[..]
+            && url.starts_with("http://")
+        {
+            addresses.insert(name.to_owned(), url.to_owned());
+        }
+        if addresses.contains_key("gateway") {
+            break;
+        }
+    }
+    let (Some(discovery), Some(gateway)) = (addresses.get("discovery"), addresses.get("gateway")) else {
+        panic!("the demo printed no addresses:\n{printed}");
+    };
+    let output = Command::new("bash")
+        .arg(examples().join("run_examples.sh"))
+        .env("AGENTMESH_DISCOVERY", discovery)
+        .env("AGENTMESH_GATEWAY", gateway.trim_start_matches("http://"))
+        .env("AGENTMESH_SKIP_PIP", "1")
+        .env("PYTHON", &python)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    drop(demo);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "the Python examples failed:\n{said}");
+    for example in ["client_grpc.py", "client_rest.py", "agent.py"] {
+        assert!(said.contains(&format!("PASS {example}")), "{example}:\n{said}");
+    }
+}
