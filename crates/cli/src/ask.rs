@@ -98,8 +98,9 @@ impl Transcript {
 }
 
 /// Sends `request` to the gateway and prints what happens (events on
-/// stderr after `indent`, the answer on stdout as it streams) until the
-/// final answer; an orchestration error is an `Err` naming the request.
+/// stderr after `indent`, the answer on stdout as it streams, labelled
+/// when `indent` is not empty) until the final answer; an orchestration
+/// error is an `Err` naming the request.
 pub async fn follow(
     channel: agentmesh_telemetry::rpc::TracedChannel,
     mut request: pb::OrchestrateRequest,
@@ -164,7 +165,9 @@ pub async fn follow(
                 transcript.events.push((message.round, e));
             }
             Some(Event::SynthesisChunk(text)) => {
-                if !answering {
+                // Indented (the demo), the answer is labelled among the
+                // events; else stdout holds the answer alone.
+                if !answering && !indent.is_empty() {
                     print!("{indent}{round}answer: ");
                 }
                 answering = true;

@@ -61,9 +61,51 @@ pub fn load(file: Option<&Path>, defaults: &[Override], overrides: &[Override]) 
     for (key, value) in overrides {
         figment = figment.merge(Serialized::default(key, value.clone()));
     }
-    let config: Config = figment.extract().context("invalid configuration")?;
+    let config: Config = figment.extract().map_err(|e| anyhow::anyhow!("invalid configuration: {}", explain(e)))?;
     config.discovery.validate()?;
     Ok(config)
+}
+
+/// A configuration error in words a user can act on: where it comes from
+/// (the file, the environment, a flag), the section and key, and for an
+/// unknown section the one probably meant; not figment's profile prefix
+/// (`default.`).
+fn explain(errors: figment::Error) -> String {
+    errors
+        .into_iter()
+        .map(|e| {
+            let key: Vec<&str> = e.path.iter().map(String::as_str).filter(|p| *p != "default").collect();
+            let message = match &e.kind {
+                figment::error::Kind::UnknownField(field, _) if key.len() <= 1 => {
+                    let meant = agentmesh_server::settings::closest(field, &SECTIONS)
+                        .map(|s| format!("did you mean [{s}]? "))
+                        .unwrap_or_default();
+                    format!("unknown section [{field}]; {meant}the sections are {}", SECTIONS.join(", "))
+                }
+                kind => kind.to_string(),
+            };
+            let place = match key.as_slice() {
+                [] => String::new(),
+                [section] => format!("[{section}] "),
+                [section, rest @ ..] => format!("[{section}] {}: ", rest.join(".")),
+            };
+            let place = if matches!(&e.kind, figment::error::Kind::UnknownField(..)) && key.len() <= 1 {
+                String::new()
+            } else {
+                place
+            };
+            let source = e
+                .metadata
+                .as_ref()
+                .map(|m| match &m.source {
+                    Some(figment::Source::File(path)) => format!(" (in {})", path.display()),
+                    _ => format!(" (from {})", m.name),
+                })
+                .unwrap_or_default();
+            format!("{place}{message}{source}")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The section an environment key (after `AGENTMESH_`) sets, if any:

@@ -331,6 +331,13 @@ pub async fn run(
     println!("agentmesh demo: the model is SCRIPTED (replay of examples/replay/demo.json): no model is called.");
     println!("  Every plan is still checked, every step really runs on the demo agents, every event is stored.");
     println!("  data in {}", dir.display());
+    if agentmesh_telemetry::exporting() {
+        println!("  traces: exported; each story is one trace, its id shown after the request id");
+    } else {
+        println!(
+            "  traces: not exported (add --otlp-endpoint http://127.0.0.1:4317 to see each story as one trace in Jaeger)"
+        );
+    }
     let mut agents = Vec::new();
     for agent in agentmesh_demo_agents::all(&gateway_url) {
         let running = agent.start(agentmesh_agent::Options::discovery(discovery_url.clone())).await?;

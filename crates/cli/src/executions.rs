@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use agentmesh_core::plan::parse_plan;
+use agentmesh_core::plan::parse_plan_document;
 use agentmesh_proto::convert::plan_to_pb;
 use agentmesh_proto::json::from_value;
 use agentmesh_proto::v1 as pb;
@@ -25,7 +25,8 @@ pub struct RunArgs {
     #[arg(long, env = "AGENTMESH_EXECUTOR_URL", default_value = DEFAULT_EXECUTOR)]
     executor: String,
     /// Execution id to use; running the same plan again with it attaches to
-    /// that execution instead of starting another.
+    /// that execution instead of starting another (the request id is
+    /// derived from it, the same each time).
     #[arg(long)]
     execution_id: Option<String>,
     /// Steps running at once [default: the executor's].
@@ -157,9 +158,22 @@ async fn follow(
     mut events: impl tokio_stream::Stream<Item = Result<pb::ExecutionEvent, tonic::Status>> + Unpin,
 ) -> anyhow::Result<Option<pb::ExecutionEvent>> {
     let started = Instant::now();
-    let mut last = None;
+    let mut last: Option<pb::ExecutionEvent> = None;
     while let Some(event) = events.next().await {
-        let event = event.map_err(|s| crate::connect::rpc_error(&s))?;
+        let event = event.map_err(|s| {
+            let error = crate::connect::rpc_error(&s);
+            match &last {
+                // The execution is stored: it goes on (on this executor
+                // when it restarts, or on another replica).
+                Some(seen) => error.context(format!(
+                    "the stream broke after event #{seq} of execution {id}; the execution itself is durable: \
+                     follow it with `agentmesh executions watch {id} --after {seq}`",
+                    seq = seen.sequence,
+                    id = seen.execution_id
+                )),
+                None => error,
+            }
+        })?;
         eprintln!("[{:>7} ms] #{:<4} {}", started.elapsed().as_millis(), event.sequence, describe(&event));
         last = Some(event);
     }
@@ -177,8 +191,13 @@ fn read(path: &PathBuf) -> anyhow::Result<String> {
 /// Runs a plan file and follows it; fails unless the execution completes.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let text = read(&args.plan)?;
-    let plan = parse_plan(&text).map_err(|e| anyhow::anyhow!("{} is not a plan: {e}", args.plan.display()))?;
-    let request_id = format!("req_{:016x}", rand::random::<u64>());
+    let plan = parse_plan_document(&text).map_err(|e| anyhow::anyhow!("{} is not a plan: {e}", args.plan.display()))?;
+    // With an execution id, the request id follows from it, so that the
+    // same command run again attaches to the execution it started.
+    let request_id = match &args.execution_id {
+        Some(id) => format!("req_{:016x}", fnv1a(id.as_bytes())),
+        None => format!("req_{:016x}", rand::random::<u64>()),
+    };
     let mut request = tonic::Request::new(pb::ExecuteRequest {
         request_id: request_id.clone(),
         plan: Some(plan_to_pb(&plan)),
@@ -226,6 +245,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(status == "completed", "execution {} {status}: {}", execution.id, execution.error);
     Ok(())
+}
+
+/// FNV-1a, 64 bits: a stable request id for an execution id.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn execution_json(e: &pb::Execution) -> Value {

@@ -743,3 +743,40 @@ fn up_without_a_model_says_how_to_give_one() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(said.contains("planning needs a model") && said.contains("agentmesh demo"), "{said}");
 }
+
+#[test]
+fn a_mistyped_key_or_section_is_named_with_what_was_meant() {
+    let dir = std::env::temp_dir().join(format!("agentmesh-typo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let key = dir.join("key.toml");
+    std::fs::write(&key, "[discovery]\nlisten_addr = \"127.0.0.1:7400\"\n").unwrap_or_else(|e| panic!("{e}"));
+    let section = dir.join("section.toml");
+    std::fs::write(&section, "[discovry]\nlisten = \"127.0.0.1:7400\"\n").unwrap_or_else(|e| panic!("{e}"));
+    let (ok, _, err) =
+        agentmesh(&["--config", key.to_str().unwrap_or_default(), "serve", "discovery", "--print-config"]);
+    assert!(!ok);
+    assert!(err.contains("[discovery] unknown setting `listen_addr`; did you mean `listen`?"), "{err}");
+    assert!(!err.contains("default."), "{err}");
+    let (ok, _, err) =
+        agentmesh(&["--config", section.to_str().unwrap_or_default(), "serve", "discovery", "--print-config"]);
+    assert!(!ok);
+    assert!(err.contains("unknown section [discovry]; did you mean [discovery]?"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_files_are_read_strictly() {
+    let dir = std::env::temp_dir().join(format!("agentmesh-planfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let list = dir.join("list.json");
+    std::fs::write(&list, r#"[{"step_id": "s1", "agent": "a", "capability": "c"}]"#).unwrap_or_else(|e| panic!("{e}"));
+    let wrapped = dir.join("wrapped.json");
+    std::fs::write(&wrapped, r#"{"plan": {"steps": []}}"#).unwrap_or_else(|e| panic!("{e}"));
+    // Refused before any executor is asked (none listens at this address).
+    for (file, says) in [(&list, "it is a list"), (&wrapped, "wrapped in `plan`")] {
+        let (ok, _, err) = agentmesh(&["run", file.to_str().unwrap_or_default(), "--executor", "http://127.0.0.1:9"]);
+        assert!(!ok);
+        assert!(err.contains("is not a plan") && err.contains(says), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -175,6 +175,74 @@ pub fn parse_plan(answer: &str) -> Result<Plan, PlanParseError> {
         .map_err(|e| PlanParseError::Shape { path: e.path().to_string(), message: e.inner().to_string() })
 }
 
+/// Parses a plan document written by hand (a plan file): one JSON object
+/// with `steps` (and optionally `reasoning`), every key known, every
+/// `parameters` an object. The error names what is wrong and where. The
+/// tolerant [`parse_plan`] is for model answers only: a file that is a
+/// bare list of steps, or a plan wrapped in `{"plan": …}`, must not run
+/// as a plan of no steps.
+pub fn parse_plan_document(text: &str) -> Result<Plan, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Document {
+        #[serde(default)]
+        reasoning: String,
+        steps: Vec<Step>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Step {
+        step_id: String,
+        agent: String,
+        capability: String,
+        #[serde(default)]
+        instruction: String,
+        #[serde(default = "empty_object")]
+        parameters: Value,
+        #[serde(default)]
+        depends_on: Vec<String>,
+    }
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("it is not valid JSON: {e}"))?;
+    match &value {
+        Value::Array(_) => {
+            return Err("it is a list; a plan is an object with the list as its steps: \
+                 {\"reasoning\": \"…\", \"steps\": [ … ]}"
+                .into());
+        }
+        Value::Object(map) if !map.contains_key("steps") && map.contains_key("plan") => {
+            return Err(
+                "the plan is wrapped in `plan`: write the object inside it (with `steps`) at the top level".into()
+            );
+        }
+        Value::Object(map) if !map.contains_key("steps") => {
+            return Err("`steps` is missing: a plan is {\"reasoning\": \"…\", \"steps\": [ … ]} \
+                 (a plan that does nothing has \"steps\": [])"
+                .into());
+        }
+        Value::Object(_) => {}
+        _ => return Err("a plan is a JSON object with `steps`".into()),
+    }
+    let document: Document = serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
+        path if path == "." => e.inner().to_string(),
+        path => format!("at `{path}`: {}", e.inner()),
+    })?;
+    let mut steps = Vec::with_capacity(document.steps.len());
+    for (i, s) in document.steps.into_iter().enumerate() {
+        if !s.parameters.is_object() {
+            return Err(format!("at `steps[{i}].parameters`: parameters are a JSON object of named values"));
+        }
+        steps.push(PlanStep {
+            step_id: s.step_id,
+            agent: s.agent,
+            capability: s.capability,
+            instruction: s.instruction,
+            parameters: s.parameters,
+            depends_on: s.depends_on,
+        });
+    }
+    Ok(Plan { reasoning: document.reasoning, steps })
+}
+
 /// A capability the model was shown, and may therefore use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AllowedCapability {
@@ -514,6 +582,32 @@ fn cycle(steps: &[PlanStep]) -> Option<Vec<String>> {
 pub(crate) mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn plan_files_are_read_strictly_and_say_what_is_wrong() {
+        let step = r#"{"step_id": "s1", "agent": "a", "capability": "c", "parameters": {"x": 1}}"#;
+        let plan = parse_plan_document(&format!(r#"{{"reasoning": "r", "steps": [{step}]}}"#)).unwrap();
+        assert_eq!(plan.steps[0].parameters, json!({"x": 1}));
+        assert!(parse_plan_document(r#"{"steps": []}"#).unwrap().steps.is_empty());
+        for (text, says) in [
+            (format!("[{step}]"), "it is a list"),
+            (format!(r#"{{"plan": {{"steps": [{step}]}}}}"#), "wrapped in `plan`"),
+            (r#"{"reasoning": "r"}"#.to_owned(), "`steps` is missing"),
+            (
+                r#"{"steps": [{"step_id": "s1", "agent": "a", "capability": "c", "tool": 1}]}"#.to_owned(),
+                "at `steps[0].tool`: unknown field `tool`",
+            ),
+            (r#"{"steps": [{"step_id": "s1", "agent": "a"}]}"#.to_owned(), "missing field `capability`"),
+            (
+                r#"{"steps": [{"step_id": "s1", "agent": "a", "capability": "c", "parameters": [1]}]}"#.to_owned(),
+                "`steps[0].parameters`",
+            ),
+            ("{".to_owned(), "not valid JSON"),
+        ] {
+            let err = parse_plan_document(&text).unwrap_err();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
 
     #[test]
     fn raw_control_characters_in_strings_are_escaped() {

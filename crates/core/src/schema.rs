@@ -62,6 +62,28 @@ impl Schema {
     }
 }
 
+impl Schema {
+    /// The violations of parameters as a plan writes them, before its
+    /// references are resolved: a value that holds a reference
+    /// (`{{s1.output…}}`) is checked only once resolved, so a violation
+    /// found at one is left out.
+    pub fn violations_before_references(&self, instance: &Value) -> Vec<String> {
+        let Ok(validator) = &self.compiled else { return self.violations(instance) };
+        validator
+            .iter_errors(instance)
+            .filter_map(|e| {
+                let path = e.instance_path().to_string();
+                let at = instance.pointer(&path);
+                if at.and_then(Value::as_str).is_some_and(|s| s.contains("{{")) {
+                    return None;
+                }
+                let path = if path.is_empty() { "/".to_owned() } else { path };
+                Some(format!("{path}: {e}"))
+            })
+            .collect()
+    }
+}
+
 impl std::fmt::Debug for Schema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Schema").field(&self.source).finish()

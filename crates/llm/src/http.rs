@@ -62,6 +62,22 @@ impl Failure {
     }
 }
 
+/// What a 404 from the model server means: the URL called, and the
+/// missing `/v1` that is its usual cause.
+fn not_found(url: &str, body: &str) -> String {
+    let path = reqwest::Url::parse(url).map(|u| u.path().to_owned()).unwrap_or_default();
+    let hint = if path.starts_with("/v1") || path.contains("/v1/") || path.contains("/v1beta/") {
+        String::new()
+    } else {
+        "; OpenAI-compatible servers (Ollama, llama.cpp, vLLM) serve under /v1: \
+         give a base URL that ends in /v1, e.g. http://127.0.0.1:11434/v1"
+            .to_owned()
+    };
+    let body = body.trim();
+    let body = if body.is_empty() { String::new() } else { format!(" ({body})") };
+    format!("the model server has nothing at {url}{body}{hint}")
+}
+
 /// Longest wait for a readiness probe's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -136,6 +152,8 @@ impl Http {
             }
             // 529: Anthropic's "overloaded".
             408 | 429 | 500..=599 => Failure::Transient { message: format!("HTTP {status}: {snippet}"), retry_after },
+            // A wrong base URL: say what was called, and the usual cause.
+            404 => Failure::Fatal(LlmError::BadRequest { status, body: not_found(post.url, &snippet) }),
             _ => Failure::Fatal(LlmError::BadRequest { status, body: snippet }),
         })
     }
@@ -325,6 +343,15 @@ mod tests {
             chunks.iter().map(|c| Ok(bytes::Bytes::copy_from_slice(c))).collect();
         let events = sse_events(futures_util::stream::iter(chunks)).collect::<Vec<_>>().now_or_never();
         events.unwrap_or_default().into_iter().filter_map(Result::ok).collect()
+    }
+
+    #[test]
+    fn a_missing_v1_is_named_with_the_url_called() {
+        let said = not_found("http://127.0.0.1:11434/chat/completions", "404 page not found");
+        assert!(said.contains("nothing at http://127.0.0.1:11434/chat/completions (404 page not found)"), "{said}");
+        assert!(said.contains("ends in /v1"), "{said}");
+        let said = not_found("http://127.0.0.1:8000/v1/chat/completions", "");
+        assert_eq!(said, "the model server has nothing at http://127.0.0.1:8000/v1/chat/completions");
     }
 
     #[test]

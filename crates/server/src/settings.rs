@@ -174,8 +174,9 @@ impl FlatTable {
         for (key, value) in given {
             let Some(slot) = table.get_mut(&key) else {
                 let known: Vec<&str> = table.keys().map(String::as_str).collect();
+                let meant = closest(&key, &known).map(|k| format!("did you mean `{k}`? ")).unwrap_or_default();
                 return Err(D::Error::custom(format!(
-                    "unknown setting `{key}`; the settings are {}",
+                    "unknown setting `{key}`; {meant}the settings are {}",
                     known.join(", ")
                 )));
             };
@@ -277,6 +278,33 @@ impl<'de, T: RemoteDeserialize> Deserialize<'de> for Own<T> {
     }
 }
 
+/// The candidate `name` was most likely meant to be: the nearest by edit
+/// distance (letters added, dropped or changed, case ignored), when it is
+/// near enough to be a slip rather than another word.
+pub fn closest<'c>(name: &str, candidates: &[&'c str]) -> Option<&'c str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.iter().enumerate() {
+            let mut diagonal = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let substitution = diagonal + usize::from(ca != cb);
+                diagonal = row[j + 1];
+                row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
+            }
+        }
+        row[b.len()]
+    }
+    let limit = (name.chars().count() / 3).max(2);
+    candidates
+        .iter()
+        .map(|c| (distance(name, c), *c))
+        .filter(|(d, c)| *d <= limit || (c.len() > 3 && name.contains(*c)))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,10 +351,19 @@ mod tests {
     }
 
     #[test]
+    fn the_closest_key_is_suggested_only_when_near() {
+        let keys = ["listen", "database_url", "max_request_bytes"];
+        assert_eq!(closest("listen_addr", &keys), Some("listen"));
+        assert_eq!(closest("databse_url", &keys), Some("database_url"));
+        assert_eq!(closest("DATABASE_URL", &keys), Some("database_url"));
+        assert_eq!(closest("colour", &keys), None);
+    }
+
+    #[test]
     fn unknown_keys_and_wrong_types_are_refused_by_name() {
         let unknown = toml::from_str::<Example>("databse_url = \"sqlite::memory:\"\n").err().map(|e| e.to_string());
         let unknown = unknown.unwrap_or_default();
-        assert!(unknown.contains("unknown setting `databse_url`"), "{unknown}");
+        assert!(unknown.contains("unknown setting `databse_url`; did you mean `database_url`?"), "{unknown}");
         assert!(unknown.contains("database_url") && unknown.contains("discovery_url"), "the known keys: {unknown}");
         let wrong = toml::from_str::<Example>("max_request_bytes = \"many\"\n").err().map(|e| e.to_string());
         let wrong = wrong.unwrap_or_default();

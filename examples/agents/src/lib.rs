@@ -296,6 +296,20 @@ mod tests {
         assert!(sql_injections("ok.py", "cursor.execute(\"SELECT 1\", ())").is_empty());
     }
 
+    /// `weather.json` is the weather agent's registration at
+    /// 127.0.0.1:9001, for the README's walk-through (`AGENTMESH_BLESS=1`
+    /// writes it anew).
+    #[test]
+    fn the_walk_through_registration_file_is_the_agents_own() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("weather.json");
+        let expected = serde_json::to_string_pretty(&weather().registration("http://127.0.0.1:9001")).unwrap() + "\n";
+        if std::env::var("AGENTMESH_BLESS").as_deref() == Ok("1") {
+            std::fs::write(&path, &expected).unwrap();
+        }
+        let found = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(found, expected, "{} is out of date: run with AGENTMESH_BLESS=1", path.display());
+    }
+
     #[test]
     fn registrations_carry_derived_schemas() {
         let weather = weather().registration("http://127.0.0.1:9001");

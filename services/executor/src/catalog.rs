@@ -29,6 +29,8 @@ pub struct CapabilityEntry {
     pub internal: bool,
     /// What its output must fit, compiled once per version of the agent.
     pub output_schema: Option<Schema>,
+    /// What its parameters must fit, compiled likewise.
+    pub input_schema: Option<Schema>,
 }
 
 /// One agent as discovery describes it.
@@ -62,6 +64,7 @@ impl AgentEntry {
                     endpoint,
                     internal: c.internal,
                     output_schema: c.output_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
+                    input_schema: c.input_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
                 };
                 capabilities.insert(c.id.clone(), entry);
             }

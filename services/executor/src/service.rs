@@ -107,6 +107,41 @@ impl ExecutorGrpc {
     }
 }
 
+impl ExecutorGrpc {
+    /// Checks each step's parameters, as written, against its capability's
+    /// input schema, so that a wrong field in a hand-written plan is refused
+    /// at once, by name, instead of reaching the agent and being retried.
+    /// Values holding references are checked once resolved; steps whose
+    /// agent or capability is not known now are left to fail when they run.
+    async fn check_parameters(&self, plan: &agentmesh_core::plan::Plan) -> Result<(), ExecutorError> {
+        let mut violations = Vec::new();
+        for step in &plan.steps {
+            let Ok(agent) = self.engine.catalog.agent(&step.agent).await else { continue };
+            let Some(schema) = agent.capabilities.get(&step.capability).and_then(|c| c.input_schema.as_ref()) else {
+                continue;
+            };
+            for problem in schema.violations_before_references(&step.parameters) {
+                let (path, message) = problem.split_once(": ").unwrap_or(("/", problem.as_str()));
+                let path = path.trim_start_matches('/').replace('/', ".");
+                let field = if path.is_empty() {
+                    format!("plan.steps[{}].parameters", step.step_id)
+                } else {
+                    format!("plan.steps[{}].parameters.{path}", step.step_id)
+                };
+                violations.push((field, format!("{message} (the input schema of {}/{})", step.agent, step.capability)));
+            }
+        }
+        if violations.is_empty() {
+            return Ok(());
+        }
+        let message = format!(
+            "the plan's parameters do not fit their capabilities: {}",
+            violations.iter().map(|(f, p)| format!("{f}: {p}")).collect::<Vec<_>>().join("; ")
+        );
+        Err(ExecutorError::InvalidArgument { message, violations })
+    }
+}
+
 #[tonic::async_trait]
 impl ExecutorService for ExecutorGrpc {
     type ExecuteStream = EventStream<pb::ExecuteResponse>;
@@ -116,6 +151,7 @@ impl ExecutorService for ExecutorGrpc {
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
         let accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
+        self.check_parameters(&accepted.spec.plan).await?;
         let id = accepted.id.clone();
         tracing::info!(
             operation = "execute",

@@ -497,7 +497,33 @@ async fn limits_refuse_with_the_setting_to_change(backend: Backend) {
         .unwrap();
 }
 
+async fn parameters_that_do_not_fit_the_input_schema_are_refused_by_name(backend: Backend) {
+    let Some(mesh) = Mesh::start(backend).await else { return };
+    let agent = FakeAgent::start(vec![("weather", Behavior::Echo(Duration::ZERO))]).await.unwrap();
+    let mut registration = agent.registration("w", &[("weather", None)]);
+    registration["skills"][0]["input_schema"] = json!({"type": "object",
+        "properties": {"location": {"type": "string"}, "days": {"type": "integer"}}, "required": ["location"]});
+    mesh.register(&registration).await;
+    let wrong = plan(vec![step("s1", "w", "weather", json!({"city": "Chicago", "days": "two"}), &[])]);
+    let status = mesh.run(wrong, options(0, 5_000)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let fields: Vec<String> =
+        status.get_details_bad_request().unwrap().field_violations.into_iter().map(|v| v.field).collect();
+    assert!(fields.contains(&"plan.steps[s1].parameters".to_owned()), "the missing `location`: {fields:?}");
+    assert!(fields.contains(&"plan.steps[s1].parameters.days".to_owned()), "{fields:?}");
+    assert!(status.message().contains("location") && status.message().contains("w/weather"), "{}", status.message());
+    assert!(agent.calls().is_empty(), "the agent was called with parameters that cannot fit");
+    // A reference is checked once resolved, not as written.
+    let referenced = plan(vec![
+        step("s1", "w", "weather", json!({"location": "Chicago"}), &[]),
+        step("s2", "w", "weather", json!({"location": "Tokyo", "days": "{{s1.output.n}}"}), &["s1"]),
+    ]);
+    let events = mesh.run(referenced, options(0, 5_000)).await.unwrap();
+    assert!(kinds(&events).iter().any(|k| k == "STEP_SUCCEEDED s1"), "{:?}", kinds(&events));
+}
+
 agentmesh_testkit::both_backends!(
+    parameters_that_do_not_fit_the_input_schema_are_refused_by_name,
     limits_refuse_with_the_setting_to_change,
     independent_steps_overlap_and_dependents_wait,
     references_keep_their_type_or_become_text,
