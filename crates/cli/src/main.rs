@@ -192,8 +192,28 @@ fn error_text(e: &anyhow::Error) -> String {
     text
 }
 
+/// A reader that stops early (`agentmesh executions list | head -1`) closes
+/// the pipe: the rest of the output has nowhere to go, which is not an
+/// error, so the process ends quietly instead of panicking in `println!`.
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    quiet_on_closed_pipe();
     let cli = Cli::parse();
     for warning in config::unknown_variables(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok())) {
         eprintln!("warning: {warning}");

@@ -780,3 +780,23 @@ fn plan_files_are_read_strictly() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    use std::io::BufRead as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
+        .args(["demo", "--story", "recovery"])
+        .env_remove("AGENTMESH_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let mut first = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut first).unwrap_or_else(|e| panic!("{e}"));
+    // The pipe is closed here, as `| head -1` closes it.
+    let output = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}

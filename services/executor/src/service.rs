@@ -30,6 +30,21 @@ fn invalid(field: &str, problem: impl Into<String>) -> ExecutorError {
     ExecutorError::InvalidArgument { message: format!("{field}: {problem}"), violations: vec![(field.into(), problem)] }
 }
 
+/// The caller's `traceparent`, when it is well formed (`00-` 32 hex `-` 16
+/// hex `-` 2 hex): kept with the execution so that agents continue the
+/// caller's trace even when this executor exports none.
+fn incoming_traceparent(metadata: &tonic::metadata::MetadataMap) -> String {
+    let value = metadata.get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    match parts[..] {
+        [version, trace, span, flags] if hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2) => {
+            value.to_owned()
+        }
+        _ => String::new(),
+    }
+}
+
 fn valid_execution_id(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
 }
@@ -150,7 +165,11 @@ impl ExecutorService for ExecutorGrpc {
 
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
-        let accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
+        let incoming = incoming_traceparent(request.metadata());
+        let mut accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
+        if accepted.traceparent.is_empty() {
+            accepted.traceparent = incoming;
+        }
         self.check_parameters(&accepted.spec.plan).await?;
         let id = accepted.id.clone();
         tracing::info!(

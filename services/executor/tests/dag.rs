@@ -522,7 +522,23 @@ async fn parameters_that_do_not_fit_the_input_schema_are_refused_by_name(backend
     assert!(kinds(&events).iter().any(|k| k == "STEP_SUCCEEDED s1"), "{:?}", kinds(&events));
 }
 
+async fn the_callers_trace_context_reaches_agents_without_an_exporter(backend: Backend) {
+    let Some(mesh) = Mesh::start(backend).await else { return };
+    assert!(!agentmesh_telemetry::exporting(), "this test runs an executor that exports no traces");
+    let agent = FakeAgent::start(vec![("work", Behavior::Echo(Duration::ZERO))]).await.unwrap();
+    mesh.register(&agent.registration("w", &[("work", None)])).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut call = tonic::Request::new(request(plan(vec![step("s1", "w", "work", json!({}), &[])]), options(0, 5_000)));
+    call.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
+    let mut stream = mesh.client.clone().execute(call).await.unwrap().into_inner();
+    while stream.next().await.is_some() {}
+    let calls = agent.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].header("traceparent"), Some(traceparent), "the caller's trace context was dropped");
+}
+
 agentmesh_testkit::both_backends!(
+    the_callers_trace_context_reaches_agents_without_an_exporter,
     parameters_that_do_not_fit_the_input_schema_are_refused_by_name,
     limits_refuse_with_the_setting_to_change,
     independent_steps_overlap_and_dependents_wait,

@@ -130,7 +130,27 @@ async fn only_finished_uncancelled_executions_are_extended(backend: Backend) {
     assert_eq!(dangling.code(), tonic::Code::InvalidArgument, "{dangling:?}");
 }
 
+async fn a_failed_step_made_good_by_a_recovery_retry_completes_the_execution(backend: Backend) {
+    let Some(mesh) = Mesh::start(backend).await else { return };
+    let agent = FakeAgent::start(vec![(
+        "quote",
+        Behavior::Sequence(vec![Answer::status(400, json!({"error": "feed glitch"})), Answer::ok(json!({"price": 1}))]),
+    )])
+    .await
+    .unwrap();
+    mesh.register(&agent.registration("stocks", &[("quote", None)])).await;
+    let first = mesh.run(plan(vec![step("s1", "stocks", "quote", json!({}), &[])]), options(0, 5_000)).await.unwrap();
+    assert_eq!(first.last().unwrap().kind, Kind::ExecutionFailed as i32, "{:?}", kinds(&first));
+    let id = first[0].execution_id.clone();
+    // The review's retry of s1 is a new step of the same capability.
+    let more = extend(&mesh, &id, steps(vec![step("s2", "stocks", "quote", json!({}), &[])])).await.unwrap();
+    event_for(&more, Kind::StepSucceeded, "s2");
+    assert_eq!(more.last().unwrap().kind, Kind::ExecutionCompleted as i32, "{:?}", kinds(&more));
+    assert_eq!(mesh.get(&id).await.status, pb::ExecutionStatus::Completed as i32);
+}
+
 agentmesh_testkit::both_backends!(
+    a_failed_step_made_good_by_a_recovery_retry_completes_the_execution,
     a_finished_execution_runs_more_steps_in_the_same_log,
     only_finished_uncancelled_executions_are_extended,
 );

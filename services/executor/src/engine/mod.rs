@@ -212,7 +212,7 @@ impl Engine {
         // A resumed execution continues the trace of the request that started it.
         agentmesh_telemetry::propagation::continue_trace(&span, traceparent);
         let (cancel, cancelled) = signal::channel(None);
-        let runner = Runner::new(self.clone(), Arc::from(id.as_str()), state);
+        let runner = Runner::new(self.clone(), Arc::from(id.as_str()), state, Arc::from(traceparent));
         let engine = self.clone();
         let key = id.clone();
         let stop = self.stop.clone();

@@ -90,6 +90,9 @@ pub struct Runner {
     engine: Arc<Engine>,
     id: Arc<str>,
     request_id: Arc<str>,
+    /// The trace context the execution was started in, for agents when
+    /// this executor exports no traces of its own.
+    traceparent: Arc<str>,
     callers: Arc<[String]>,
     state: ExecutionState,
     dependents: Vec<Vec<usize>>,
@@ -106,7 +109,7 @@ pub struct Runner {
 
 impl Runner {
     /// A runner for `state`, which holds every stored event of the execution.
-    pub fn new(engine: Arc<Engine>, id: Arc<str>, state: ExecutionState) -> Self {
+    pub fn new(engine: Arc<Engine>, id: Arc<str>, state: ExecutionState, traceparent: Arc<str>) -> Self {
         let (tx, rx) = mpsc::channel(1024);
         let request_id: Arc<str> = Arc::from(state.spec.request_id.as_str());
         let callers: Arc<[String]> = state.spec.caller_agent_ids.clone().into();
@@ -114,6 +117,7 @@ impl Runner {
             engine,
             id,
             request_id,
+            traceparent,
             callers,
             state,
             dependents: Vec::new(),
@@ -265,6 +269,7 @@ impl Runner {
         let job = StepJob {
             execution_id: self.id.clone(),
             request_id: self.request_id.clone(),
+            traceparent: self.traceparent.clone(),
             index: i,
             step_id: step.step_id,
             agent: agent_id,
@@ -465,11 +470,26 @@ impl Runner {
 
     /// Records the end: completed when every step succeeded.
     async fn finish(mut self) -> Stopped {
+        // A step that did not succeed is made good when an extension (a
+        // review's retry, a recovery round) later ran the same capability
+        // of the same agent successfully.
+        let planned = self.state.spec.plan.steps.len();
+        let steps = &self.state.steps;
+        let made_good = |i: usize| {
+            let (agent, capability) = (&steps[i].step.agent, &steps[i].step.capability);
+            steps.iter().enumerate().skip(planned.max(i + 1)).any(|(_, later)| {
+                later.status == StepStatus::Succeeded
+                    && &later.step.agent == agent
+                    && &later.step.capability == capability
+            })
+        };
         let problems: Vec<String> = self
             .state
             .steps
             .iter()
-            .filter(|s| s.status != StepStatus::Succeeded)
+            .enumerate()
+            .filter(|(i, s)| s.status != StepStatus::Succeeded && !made_good(*i))
+            .map(|(_, s)| s)
             .map(|s| {
                 let what = match s.status {
                     StepStatus::Failed => "failed",

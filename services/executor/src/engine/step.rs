@@ -21,6 +21,8 @@ pub struct StepJob {
     pub execution_id: Arc<str>,
     /// The originating request.
     pub request_id: Arc<str>,
+    /// The trace context the execution was started in.
+    pub traceparent: Arc<str>,
     /// Position of the step in the runner's list.
     pub index: usize,
     /// The step.
@@ -119,6 +121,7 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         parameters: &job.parameters,
         instruction: &job.instruction,
         request_id: &job.request_id,
+        traceparent: &job.traceparent,
         execution_id: &job.execution_id,
         step_id: &job.step_id,
         attempt,

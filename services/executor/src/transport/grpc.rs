@@ -86,6 +86,14 @@ impl AgentTransport for GrpcTransport {
                 request.metadata_mut().insert(name, value);
             }
         }
+        // Without traces of its own, the executor passes on the context the
+        // execution was started in (the traced channel adds nothing then).
+        if !agentmesh_telemetry::exporting()
+            && !call.traceparent.is_empty()
+            && let Ok(value) = MetadataValue::try_from(call.traceparent)
+        {
+            request.metadata_mut().insert("traceparent", value);
+        }
         let answer = match tokio::time::timeout(call.timeout, client.invoke(request)).await {
             Err(_) => {
                 return Err(Failure::unreachable(format!(

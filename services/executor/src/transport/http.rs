@@ -78,6 +78,11 @@ fn headers(call: &Call<'_>) -> HeaderMap {
     if !call.instruction.is_empty() {
         set(header::INSTRUCTION, percent_encode(call.instruction));
     }
+    // Without traces of its own, the executor passes on the context the
+    // execution was started in.
+    if !agentmesh_telemetry::exporting() && !call.traceparent.is_empty() {
+        set("traceparent", call.traceparent.to_owned());
+    }
     agentmesh_telemetry::propagation::inject(&tracing::Span::current(), Some(call.request_id), &mut headers);
     headers
 }

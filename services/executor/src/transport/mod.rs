@@ -42,6 +42,10 @@ pub struct Call<'a> {
     pub instruction: &'a str,
     /// The originating request.
     pub request_id: &'a str,
+    /// The trace context the execution was started in: passed on as it
+    /// came when this executor exports no traces (else the step's own
+    /// span is the parent).
+    pub traceparent: &'a str,
     /// The execution.
     pub execution_id: &'a str,
     /// The step.
