@@ -273,8 +273,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0, help="port to listen on, on 127.0.0.1 (default 0: any free port)")
     parser.add_argument(
         "--discovery",
-        default=os.environ.get("AGENTMESH_DISCOVERY", "http://127.0.0.1:7400"),
-        help="discovery's HTTP address (default: $AGENTMESH_DISCOVERY or http://127.0.0.1:7400)",
+        default=os.environ.get("AGENTMESH_DISCOVERY_URL", "http://127.0.0.1:7400"),
+        help="discovery's HTTP address (default: $AGENTMESH_DISCOVERY_URL or http://127.0.0.1:7400)",
     )
     args = parser.parse_args()
     if not 0 <= args.port <= 65535:

@@ -11,7 +11,7 @@ OrchestrateResponse is printed on one line as it arrives.
     python3 client_grpc.py 'Count the words in "the quick brown fox jumps"'
     python3 client_grpc.py --gateway 127.0.0.1:7404 'What is the weather in Chicago?'
 
-The gateway's address comes from --gateway, else AGENTMESH_GATEWAY, else
+The gateway's address comes from --gateway, else AGENTMESH_GATEWAY_URL, else
 127.0.0.1:7404 (`host:port`; an `http://` or `https://` prefix is accepted).
 
 Exit status: 0 when the orchestration ends with a final answer that has
@@ -212,8 +212,8 @@ def main() -> int:
     parser.add_argument("query", nargs="+", help="the request, in natural language")
     parser.add_argument(
         "--gateway",
-        default=os.environ.get("AGENTMESH_GATEWAY", "127.0.0.1:7404"),
-        help="the gateway's address (default: $AGENTMESH_GATEWAY or 127.0.0.1:7404)",
+        default=os.environ.get("AGENTMESH_GATEWAY_URL", "http://127.0.0.1:7404"),
+        help="the gateway's address (default: $AGENTMESH_GATEWAY_URL or http://127.0.0.1:7404)",
     )
     parser.add_argument("--request-id", default="", help="request id to use (default: the gateway makes one)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds the whole orchestration may take (default 300)")

@@ -15,7 +15,7 @@ allows (docs/api/gateway.md, "Resuming a stream").
     python3 client_rest.py --gateway http://127.0.0.1:7404 'What is the weather in Chicago?'
 
 Standard library only. The gateway's address comes from --gateway, else
-AGENTMESH_GATEWAY, else 127.0.0.1:7404 (`host:port` or an http(s):// URL).
+AGENTMESH_GATEWAY_URL, else 127.0.0.1:7404 (`host:port` or an http(s):// URL).
 
 Exit status: 0 when the orchestration ends with a final answer that has
 text, after a plan with steps whose execution completed; 1 when it ends
@@ -351,8 +351,8 @@ def main() -> int:
     parser.add_argument("query", nargs="+", help="the request, in natural language")
     parser.add_argument(
         "--gateway",
-        default=os.environ.get("AGENTMESH_GATEWAY", "127.0.0.1:7404"),
-        help="the gateway's address (default: $AGENTMESH_GATEWAY or 127.0.0.1:7404)",
+        default=os.environ.get("AGENTMESH_GATEWAY_URL", "http://127.0.0.1:7404"),
+        help="the gateway's address (default: $AGENTMESH_GATEWAY_URL or http://127.0.0.1:7404)",
     )
     parser.add_argument("--request-id", default="", help="request id to use (default: the gateway makes one)")
     parser.add_argument(

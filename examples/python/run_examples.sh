@@ -9,8 +9,8 @@
 # The mesh must be running, with an LLM that plans
 # `Count the words in "the quick brown fox jumps"` as one call of
 # word-counter-py's count_words: `agentmesh demo --serve` does. Addresses
-# come from AGENTMESH_DISCOVERY (default http://127.0.0.1:7400) and
-# AGENTMESH_GATEWAY (default 127.0.0.1:7404); the interpreter from PYTHON
+# come from AGENTMESH_DISCOVERY_URL (default http://127.0.0.1:7400) and
+# AGENTMESH_GATEWAY_URL (default http://127.0.0.1:7404); the interpreter from PYTHON
 # (default python3), into which requirements.txt is installed with pip
 # (unless AGENTMESH_SKIP_PIP=1 says it is installed already).
 #
@@ -18,10 +18,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DISCOVERY="${AGENTMESH_DISCOVERY:-http://127.0.0.1:7400}"
+DISCOVERY="${AGENTMESH_DISCOVERY_URL:-http://127.0.0.1:7400}"
 [[ "$DISCOVERY" == *://* ]] || DISCOVERY="http://$DISCOVERY"
-GATEWAY="${AGENTMESH_GATEWAY:-127.0.0.1:7404}"
-export AGENTMESH_DISCOVERY="$DISCOVERY" AGENTMESH_GATEWAY="$GATEWAY"
+GATEWAY="${AGENTMESH_GATEWAY_URL:-http://127.0.0.1:7404}"
+export AGENTMESH_DISCOVERY_URL="$DISCOVERY" AGENTMESH_GATEWAY_URL="$GATEWAY"
 QUERY='Count the words in "the quick brown fox jumps"'
 AGENT_ID=word-counter-py
 CLIENT_TIMEOUT=120

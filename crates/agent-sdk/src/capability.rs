@@ -86,6 +86,9 @@ pub struct Call {
     pub idempotency_key: String,
     /// 1 for the first attempt, then 2, 3…
     pub attempt: u32,
+    /// The caller's W3C `traceparent`, as received (empty when none), for
+    /// a handler that calls further services itself.
+    pub traceparent: String,
     pub(crate) collaboration: Arc<Mutex<Option<Collaboration>>>,
 }
 
@@ -159,17 +162,30 @@ impl std::fmt::Debug for Capability {
     }
 }
 
-/// The JSON schema of `T` as a registration carries it: self-contained
-/// (no `$ref`), without the `$schema` line.
+/// The JSON schema of an input type `T` (what deserializes into it) as a
+/// registration carries it: subschemas inlined, without the `$schema`
+/// line. A recursive type keeps the `$defs` its `$ref`s need.
 pub fn schema_for<T: JsonSchema>() -> Value {
-    let generator = schemars::generate::SchemaSettings::draft2020_12()
+    schema_of::<T>(schemars::generate::SchemaSettings::draft2020_12())
+}
+
+/// The JSON schema of an output type `T`: what it serializes to.
+pub fn output_schema_for<T: JsonSchema>() -> Value {
+    schema_of::<T>(schemars::generate::SchemaSettings::draft2020_12().for_serialize())
+}
+
+fn schema_of<T: JsonSchema>(settings: schemars::generate::SchemaSettings) -> Value {
+    let generator = settings
         .with(|s| {
             s.inline_subschemas = true;
             s.meta_schema = None;
         })
         .into_generator();
     let mut schema = generator.into_root_schema_for::<T>().to_value();
-    if let Some(object) = schema.as_object_mut() {
+    let refers = schema.to_string().contains("\"$ref\"");
+    if let Some(object) = schema.as_object_mut()
+        && !refers
+    {
         object.remove("$defs");
     }
     schema
@@ -232,7 +248,7 @@ impl Capability {
             tags: Vec::new(),
             internal: false,
             input_schema: schema_for::<I>(),
-            output_schema: schema_for::<O>(),
+            output_schema: output_schema_for::<O>(),
             handler: Arc::new(erased),
         }
     }
@@ -244,8 +260,9 @@ impl Capability {
         self
     }
 
-    /// Marks the capability internal: callable, but never offered to a
-    /// planning model (an orchestrator's own entry point, say).
+    /// Marks the capability internal: never offered to a planning model
+    /// and never called by the executor, only by clients that call the
+    /// agent directly (an orchestrator's own entry point, say).
     #[must_use]
     pub fn internal(mut self) -> Self {
         self.internal = true;

@@ -40,6 +40,7 @@ impl AgentService for Grpc {
         let idempotency_key = metadata(&request, "idempotency-key");
         let attempt = metadata(&request, "x-agentmesh-attempt").parse().unwrap_or(1);
         let header_request_id = metadata(&request, "x-request-id");
+        let traceparent = metadata(&request, "traceparent");
         let invoke = request.into_inner();
         let kind = if invoke.kind == pb::CapabilityKind::Reasoner as i32 { Kind::Reasoner } else { Kind::Skill };
         let call = Call {
@@ -49,6 +50,7 @@ impl AgentService for Grpc {
             instruction: invoke.instruction.clone(),
             idempotency_key,
             attempt,
+            traceparent,
             ..Call::default()
         };
         let parameters = invoke.parameters.as_ref().map_or_else(|| serde_json::json!({}), json::from_struct);

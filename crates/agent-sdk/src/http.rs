@@ -41,6 +41,7 @@ fn call_of(headers: &HeaderMap) -> Call {
         instruction: percent_encoding::percent_decode_str(&instruction).decode_utf8_lossy().into_owned(),
         idempotency_key: header(headers, "idempotency-key"),
         attempt: header(headers, "x-agentmesh-attempt").parse().unwrap_or(1),
+        traceparent: header(headers, "traceparent"),
         ..Call::default()
     }
 }
@@ -71,7 +72,7 @@ async fn invoke(
     };
     let parent = agentmesh_telemetry::propagation::extract(&headers);
     match server.call(kind, &id, call_of(&headers), parameters, parent).await {
-        None => refuse(StatusCode::NOT_FOUND, format!("agent {} has no {} `{id}`", server.agent_id, kind.segment())),
+        None => refuse(StatusCode::NOT_FOUND, format!("agent {} has no capability `{id}`", server.agent_id)),
         Some(outcome @ Outcome::BadInput(_)) => (StatusCode::BAD_REQUEST, Json(outcome.envelope())).into_response(),
         Some(outcome) => Json(outcome.envelope()).into_response(),
     }

@@ -36,7 +36,7 @@
 //!             }
 //!             Ok(Weather { temp_c: 21.5, conditions: "clear".into() })
 //!         })
-//!         // Discovery at AGENTMESH_DISCOVERY (default http://127.0.0.1:7400),
+//!         // Discovery at AGENTMESH_DISCOVERY_URL (default http://127.0.0.1:7400),
 //!         // listening on AGENTMESH_AGENT_LISTEN (default 127.0.0.1:0).
 //!         .serve(Options::from_env())
 //!         .await
@@ -67,7 +67,7 @@ use tokio::task::JoinHandle;
 /// A `reqwest::ClientBuilder` with HTTPS ready (for handlers that call
 /// other services).
 pub use agentmesh_telemetry::http::client_builder as http_client_builder;
-pub use capability::{AgentError, Call, Capability, Collaboration, Kind, schema_for};
+pub use capability::{AgentError, Call, Capability, Collaboration, Kind, output_schema_for, schema_for};
 use capability::{Outcome, Outcome::Done};
 
 /// How the executor reaches the agent.
@@ -132,13 +132,14 @@ impl Options {
         Self { discovery_url: discovery_url.into(), ..Self::default() }
     }
 
-    /// The defaults, overridden by `AGENTMESH_DISCOVERY`,
-    /// `AGENTMESH_AGENT_LISTEN` (an `IP:PORT`) and `AGENTMESH_AGENT_URL`.
+    /// The defaults, overridden by `AGENTMESH_DISCOVERY_URL` (the variable
+    /// the `agentmesh` CLI reads too), `AGENTMESH_AGENT_LISTEN` (an
+    /// `IP:PORT`) and `AGENTMESH_AGENT_URL`.
     /// A listening address that does not parse is reported and the default
     /// kept.
     pub fn from_env() -> Self {
         let mut options = Self::default();
-        if let Ok(url) = std::env::var("AGENTMESH_DISCOVERY")
+        if let Ok(url) = std::env::var("AGENTMESH_DISCOVERY_URL")
             && !url.trim().is_empty()
         {
             options.discovery_url = url.trim().to_owned();
@@ -166,7 +167,7 @@ pub struct Agent {
     version: String,
     tags: Vec<String>,
     transport: Transport,
-    heartbeat: Duration,
+    heartbeat: Option<Duration>,
     capabilities: Vec<Capability>,
 }
 
@@ -179,7 +180,7 @@ impl Agent {
             version: String::new(),
             tags: Vec::new(),
             transport: Transport::Http,
-            heartbeat: Duration::from_secs(10),
+            heartbeat: None,
             capabilities: Vec::new(),
         }
     }
@@ -205,10 +206,11 @@ impl Agent {
         self
     }
 
-    /// Seconds between heartbeats; discovery's default expects 10.
+    /// Time between heartbeats. By default the agent follows the interval
+    /// discovery answers the registration with (10 s unless configured).
     #[must_use]
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
-        self.heartbeat = interval;
+        self.heartbeat = Some(interval);
         self
     }
 
@@ -293,7 +295,8 @@ impl Agent {
         let addr = listener.local_addr().map_err(|source| SdkError::Listen { addr: options.listen, source })?;
         let base_url = options.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let registration = self.registration(&base_url);
-        let discovery = registration::Discovery::new(&options.discovery_url, &self.id)?;
+        let discovery =
+            if options.register { Some(registration::Discovery::new(&options.discovery_url, &self.id)?) } else { None };
         // Serving first, so that the executor can call the agent the
         // moment discovery lists it.
         let (stop, stopped) = watch::channel(false);
@@ -302,10 +305,10 @@ impl Agent {
             Transport::Http => tokio::spawn(http::serve(server, listener, until(stopped.clone()))),
             Transport::Grpc => tokio::spawn(grpc::serve(server, listener, until(stopped.clone()))),
         };
-        if !options.register {
+        let Some(discovery) = discovery else {
             let heartbeats = tokio::spawn(async {});
             return Ok(RunningAgent { id: self.id, addr, base_url, discovery: None, stop, serving, heartbeats });
-        }
+        };
         if let Err(e) = discovery.register(&registration).await {
             let _ = stop.send(true);
             serving.abort();
@@ -318,12 +321,18 @@ impl Agent {
     }
 
     /// Starts (as [`Agent::start`]) and runs until Ctrl-C or SIGTERM, then
-    /// deregisters.
+    /// deregisters. Logs and traces are set up first ([`init_telemetry`])
+    /// unless the program has done it.
     pub async fn serve(self, options: Options) -> Result<(), SdkError> {
+        let telemetry = init_telemetry(&self.id)?;
         let running = self.start(options).await?;
         eprintln!("agent {} serving at {}; Ctrl-C stops it", running.id, running.base_url);
         shutdown_signal().await;
-        running.stop().await
+        let stopped = running.stop().await;
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown().await;
+        }
+        stopped
     }
 }
 
@@ -331,7 +340,24 @@ async fn until(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
 }
 
-async fn shutdown_signal() {
+/// Sets up logs (`RUST_LOG`, INFO by default) and, when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector, traces exported over
+/// OTLP with the W3C propagator, so that each call's `agent.call` span
+/// continues the caller's trace. `None` when the program set up `tracing`
+/// already (then it owns both). Shut the handle down before exiting so
+/// that the last spans are sent.
+pub fn init_telemetry(service_name: &str) -> Result<Option<agentmesh_telemetry::Telemetry>, SdkError> {
+    if tracing::dispatcher::has_been_set() {
+        return Ok(None);
+    }
+    let config = agentmesh_telemetry::TelemetryConfig::default();
+    agentmesh_telemetry::init(service_name, &config)
+        .map(Some)
+        .map_err(|e| SdkError::Definition(format!("cannot set up logs and traces: {e:#}")))
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -403,15 +429,19 @@ impl Drop for RunningAgent {
     }
 }
 
-/// How many successful answers are kept for repeated calls.
+/// How many answers are kept for repeated calls.
 const REMEMBERED_ANSWERS: usize = 4096;
 
+/// One idempotency key's answer: set once by the first call; a call with
+/// the same key while it runs waits for it.
+type Answer = Arc<tokio::sync::OnceCell<Outcome>>;
+
 /// What the transports share: the capabilities by path, and the answers
-/// already given by idempotency key.
+/// given by idempotency key.
 pub(crate) struct Server {
     agent_id: String,
     capabilities: HashMap<(Kind, String), Capability>,
-    answers: Mutex<(HashMap<String, Outcome>, VecDeque<String>)>,
+    answers: Mutex<(HashMap<String, Answer>, VecDeque<String>)>,
 }
 
 impl Server {
@@ -423,8 +453,36 @@ impl Server {
         }
     }
 
+    /// The answer slot of `key`, made when it is new (the oldest forgotten
+    /// beyond [`REMEMBERED_ANSWERS`]).
+    fn answer_slot(&self, key: &str) -> Answer {
+        let mut answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (by_key, order) = &mut *answers;
+        if let Some(slot) = by_key.get(key) {
+            return slot.clone();
+        }
+        let slot = Answer::default();
+        by_key.insert(key.to_owned(), slot.clone());
+        order.push_back(key.to_owned());
+        while order.len() > REMEMBERED_ANSWERS {
+            if let Some(oldest) = order.pop_front() {
+                by_key.remove(&oldest);
+            }
+        }
+        slot
+    }
+
+    fn forget(&self, key: &str) {
+        let mut answers = self.answers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        answers.0.remove(key);
+    }
+
     /// Runs a call of `kind`/`id` in a span continuing `parent` (the
-    /// caller's trace context); `None` when no such capability exists.
+    /// caller's trace context); `None` when no such capability exists. A
+    /// call with an idempotency key already answered successfully gets that
+    /// answer again without running the handler, and one arriving while the
+    /// first still runs waits for it; a failed answer is not kept, so that
+    /// a retry runs again.
     pub(crate) async fn call(
         &self,
         kind: Kind,
@@ -440,13 +498,6 @@ impl Server {
             .capabilities
             .get(&(kind, id.to_owned()))
             .or_else(|| self.capabilities.iter().find(|((_, c), _)| c == id).map(|(_, c)| c))?;
-        let key = (!call.idempotency_key.is_empty()).then(|| format!("{}\n{id}", call.idempotency_key));
-        if let Some(key) = &key
-            && let Some(first) = self.answers.lock().ok().and_then(|a| a.0.get(key).cloned())
-        {
-            tracing::debug!(capability = id, idempotency_key = %call.idempotency_key, "a repeated call: the first answer again");
-            return Some(first);
-        }
         let span = tracing::info_span!(
             "agent.call",
             otel.kind = "server",
@@ -458,19 +509,24 @@ impl Server {
             attempt = call.attempt,
         );
         let _ = span.set_parent(parent);
-        let outcome = capability.run(call, parameters).instrument(span).await;
-        if let (Some(key), Done { .. }) = (key, &outcome)
-            && let Ok(mut answers) = self.answers.lock()
-        {
-            let (by_key, order) = &mut *answers;
-            if by_key.insert(key.clone(), outcome.clone()).is_none() {
-                order.push_back(key);
-            }
-            while order.len() > REMEMBERED_ANSWERS {
-                if let Some(oldest) = order.pop_front() {
-                    by_key.remove(&oldest);
-                }
-            }
+        if call.idempotency_key.is_empty() {
+            return Some(capability.run(call, parameters).instrument(span).await);
+        }
+        let key = format!("{}\n{id}", call.idempotency_key);
+        let slot = self.answer_slot(&key);
+        let mut ran = false;
+        let outcome = slot
+            .get_or_init(|| {
+                ran = true;
+                capability.run(call.clone(), parameters).instrument(span)
+            })
+            .await
+            .clone();
+        if !ran {
+            tracing::debug!(capability = id, idempotency_key = %call.idempotency_key, "a repeated call: the first answer again");
+        }
+        if !matches!(outcome, Done { .. }) {
+            self.forget(&key);
         }
         Some(outcome)
     }

@@ -59,7 +59,7 @@ impl Discovery {
             e.to_string()
         };
         SdkError::Discovery(format!(
-            "agent {}: cannot reach discovery at {}: {why}; set AGENTMESH_DISCOVERY or Options::discovery_url to its address",
+            "agent {}: cannot reach discovery at {}: {why}; set AGENTMESH_DISCOVERY_URL or Options::discovery_url to its address",
             self.agent_id, self.base
         ))
     }
@@ -84,31 +84,46 @@ impl Discovery {
     }
 
     /// One heartbeat; registers again when discovery answers 404 (it was
-    /// removed, or discovery lost its data).
-    async fn heartbeat(&self, registration: &Value) -> Result<(), SdkError> {
+    /// removed, or discovery lost its data). Returns the heartbeat interval
+    /// discovery expects, when it says.
+    async fn heartbeat(&self, registration: &Value) -> Result<Option<Duration>, SdkError> {
         let response =
             self.http.post(format!("{}/heartbeat", self.agent_url())).send().await.map_err(|e| self.unreachable(&e))?;
         match response.status() {
-            s if s.is_success() => Ok(()),
+            s if s.is_success() => {
+                let said: Value = response.json().await.unwrap_or_default();
+                Ok(said["heartbeat_interval_seconds"]
+                    .as_f64()
+                    .filter(|s| s.is_finite() && *s >= 0.05 && *s <= 3600.0)
+                    .map(Duration::from_secs_f64))
+            }
             StatusCode::NOT_FOUND => {
                 tracing::warn!(agent = %self.agent_id, "discovery no longer knows the agent; registering again");
-                self.register(registration).await
+                self.register(registration).await.map(|()| None)
             }
             _ => Err(SdkError::Discovery(format!("heartbeat refused: {}", reason(response).await))),
         }
     }
 
-    /// Heartbeats every `interval` until `stop`; failures are logged and
-    /// the next beat tries again.
-    pub(crate) async fn heartbeat_loop(self, registration: Value, interval: Duration, stop: impl Future<Output = ()>) {
+    /// Heartbeats until `stop`, every `chosen` interval, else every interval
+    /// discovery says it expects (10 s until it has said); failures are
+    /// logged and the next beat tries again.
+    pub(crate) async fn heartbeat_loop(
+        self,
+        registration: Value,
+        chosen: Option<Duration>,
+        stop: impl Future<Output = ()>,
+    ) {
         let beats = async {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await;
+            let mut interval = chosen.unwrap_or(Duration::from_secs(10));
             loop {
-                ticks.tick().await;
-                if let Err(e) = self.heartbeat(&registration).await {
-                    tracing::warn!(agent = %self.agent_id, error = %e, "heartbeat failed; trying again at the next interval");
+                tokio::time::sleep(interval).await;
+                match self.heartbeat(&registration).await {
+                    Ok(Some(expected)) if chosen.is_none() => interval = expected,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(agent = %self.agent_id, error = %e, "heartbeat failed; trying again at the next interval");
+                    }
                 }
             }
         };

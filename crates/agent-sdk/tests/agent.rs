@@ -97,7 +97,7 @@ async fn an_unreachable_discovery_is_a_clear_error() {
     drop(closed);
     let err = counter(Arc::default()).start(Options::discovery(url.clone())).await.unwrap_err().to_string();
     assert!(err.contains(&format!("cannot reach discovery at {url}")), "{err}");
-    assert!(err.contains("AGENTMESH_DISCOVERY"), "{err}");
+    assert!(err.contains("AGENTMESH_DISCOVERY_URL"), "{err}");
 }
 
 #[tokio::test]
@@ -117,5 +117,51 @@ async fn a_forgotten_agent_registers_again_at_the_next_heartbeat() {
         assert!(tokio::time::Instant::now() < deadline, "the agent did not register again");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_grpc_agent_answers_invoke_by_the_same_contract() {
+    use agentmesh_proto::v1 as pb;
+    use agentmesh_proto::v1::agent_service_client::AgentServiceClient;
+
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let running = counter(calls.clone()).grpc().start(Options::discovery(discovery.url())).await.unwrap();
+    let stored: serde_json::Value = agentmesh_testkit::http_client()
+        .get(format!("{}/api/v1/agents/word-counter", discovery.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stored["transport"], "grpc");
+    let mut client = AgentServiceClient::connect(running.base_url().to_owned()).await.unwrap();
+    let invoke = |text: &str, step: &str| {
+        let mut request = tonic::Request::new(pb::InvokeRequest {
+            capability_id: "count_words".into(),
+            kind: pb::CapabilityKind::Skill as i32,
+            parameters: agentmesh_proto::json::to_struct(&json!({"text": text})),
+            step_id: step.into(),
+            execution_id: "exe_1".into(),
+            ..Default::default()
+        });
+        request.metadata_mut().insert("idempotency-key", format!("exe_1/{step}").parse().unwrap());
+        request
+    };
+    let answer = client.invoke(invoke("a b", "s1")).await.unwrap().into_inner();
+    assert_eq!(answer.output.as_ref().map(agentmesh_proto::json::from_value), Some(json!({"words": 2})));
+    let again = client.invoke(invoke("a b", "s1")).await.unwrap().into_inner();
+    assert_eq!(again, answer);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a repeated key ran the handler again");
+    let flaky = client.invoke(invoke("flaky", "s2")).await.unwrap().into_inner();
+    assert_eq!((flaky.error.as_str(), flaky.retryable), ("busy", true));
+    let helped = client.invoke(invoke("help me", "s3")).await.unwrap().into_inner();
+    assert_eq!(helped.collaborate.map(|c| c.agent), Some("fixer".to_owned()));
+    let mut bad = invoke("x", "s4");
+    bad.get_mut().parameters = agentmesh_proto::json::to_struct(&json!({"txt": 1}));
+    assert_eq!(client.invoke(bad).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     running.stop().await.unwrap();
 }

@@ -118,8 +118,11 @@ fn section_of(key: &str) -> Option<&'static str> {
 /// Variables starting with `AGENTMESH_` that the CLI reads by name, beside
 /// the `AGENTMESH_<SECTION>__<KEY>` settings (the test suite's own are
 /// listed so that its runs stay quiet).
-const KNOWN_VARIABLES: [&str; 13] = [
+const KNOWN_VARIABLES: [&str; 16] = [
     "AGENTMESH_CONFIG",
+    "AGENTMESH_AGENT_LISTEN",
+    "AGENTMESH_AGENT_URL",
+    "AGENTMESH_BLESS",
     "AGENTMESH_LOG_FORMAT",
     "AGENTMESH_DISCOVERY_URL",
     "AGENTMESH_PLANNER_URL",

@@ -328,7 +328,10 @@ pub async fn run(
         let _ = stopped.wait_for(|s| *s).await;
     }));
     wait_ready(&gateway_url, &mut mesh).await?;
-    println!("agentmesh demo: the model is SCRIPTED (replay of examples/replay/demo.json): no model is called.");
+    println!(
+        "agentmesh demo: the model is SCRIPTED (a replay of examples/replay/demo.json as built into this binary): \
+         no model is called."
+    );
     println!("  Every plan is still checked, every step really runs on the demo agents, every event is stored.");
     println!("  data in {}", dir.display());
     if agentmesh_telemetry::exporting() {
@@ -395,7 +398,9 @@ pub async fn run(
         for (name, addr) in addresses {
             println!("  {name:<10} http://{addr}");
         }
-        println!("  try: agentmesh ask \"What is the weather in Chicago?\"");
+        let gateway = addresses[4].1;
+        let flag = if gateway.port() == 7404 { String::new() } else { format!(" --gateway http://{gateway}") };
+        println!("  try: agentmesh ask{flag} \"What is the weather in Chicago?\"");
         tokio::select! {
             () = shutdown => {}
             result = &mut mesh => return result.map_err(anyhow::Error::from).and_then(|r| r),

@@ -77,25 +77,9 @@ enum ServeCommand {
     Gateway(config::GatewayArgs),
 }
 
+/// Ctrl-C or SIGTERM (the wait every agentmesh process shares).
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
+    agentmesh_agent::shutdown_signal().await;
     tracing::info!("shutting down");
 }
 

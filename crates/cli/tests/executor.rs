@@ -313,7 +313,12 @@ async fn the_cli_runs_plans_and_lists_inspects_follows_and_cancels_executions() 
     .unwrap();
     let (ok, stdout, stderr) =
         cli(&["run", plan.to_str().unwrap(), "--executor", &url, "--execution-id", "exe-cli"]).await;
+    // The same command again attaches to the execution it started.
+    let (_, again, again_err) =
+        cli(&["run", plan.to_str().unwrap(), "--executor", &url, "--execution-id", "exe-cli"]).await;
     let _ = std::fs::remove_file(&plan);
+    assert!(!again_err.contains("already exists"), "{again_err}");
+    assert_eq!(again, stdout, "the same execution, reported the same");
     assert!(!ok, "a failed execution fails the command");
     let printed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(
@@ -340,4 +345,31 @@ async fn the_cli_runs_plans_and_lists_inspects_follows_and_cancels_executions() 
     assert_eq!(cancelled.trim(), "exe-cli failed", "a finished execution stays as it was");
     let (ok, _, missing) = cli(&["executions", "get", "exe-nope", "--executor", &url]).await;
     assert!(!ok && missing.contains("(not_found)"), "{missing}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_says_how_to_follow_an_execution_whose_executor_died() {
+    let Some((db, discovery, _agent, otlp)) = setup(Backend::Sqlite).await else { return };
+    let mut executor = executor(&discovery.url(), &db.url, &otlp.endpoint()).await;
+    let url = executor.url();
+    let plan = std::env::temp_dir().join(format!("agentmesh-cli-dies-{}.json", std::process::id()));
+    std::fs::write(
+        &plan,
+        json!({"steps": [{"step_id": "s1", "agent": "worker", "capability": "slow", "parameters": {}}]}).to_string(),
+    )
+    .unwrap();
+    let run = tokio::process::Command::new(EXE)
+        .args(["run", plan.to_str().unwrap(), "--executor", &url, "--execution-id", "exe-dies"])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The slow step is running (1.5 s) when the executor is killed.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    executor.kill().await.unwrap();
+    let output = run.wait_with_output().await.unwrap();
+    let _ = std::fs::remove_file(&plan);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("agentmesh executions watch exe-dies --after 2"), "{stderr}");
 }

@@ -7,14 +7,14 @@ use std::net::SocketAddr;
 use agentmesh_agent::Options;
 use clap::Parser;
 
-/// Runs demo agents until Ctrl-C.
+/// Runs demo agents until Ctrl-C or SIGTERM, then deregisters them.
 #[derive(Parser, Debug)]
 #[command(name = "demo-agent")]
 struct Args {
     /// Agents to run: weather, stocks, calculator, travel, reviewer, fixer [default: all].
     names: Vec<String>,
     /// Discovery's URL.
-    #[arg(long, env = "AGENTMESH_DISCOVERY", default_value = "http://127.0.0.1:7400")]
+    #[arg(long, env = "AGENTMESH_DISCOVERY_URL", default_value = "http://127.0.0.1:7400")]
     discovery: String,
     /// The gateway the travel orchestrator asks.
     #[arg(long, env = "AGENTMESH_GATEWAY_URL", default_value = "http://127.0.0.1:7404")]
@@ -31,6 +31,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let telemetry = agentmesh_agent::init_telemetry("demo-agent")?;
     let names = if args.names.is_empty() {
         vec!["weather", "stocks", "calculator", "travel", "reviewer", "fixer"].into_iter().map(str::to_owned).collect()
     } else {
@@ -54,7 +55,8 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.listen.is_none() || picked.len() == 1, "--listen takes one agent; name one");
     let mut running = Vec::new();
     for agent in picked {
-        let mut options = Options::discovery(args.discovery.clone());
+        // AGENTMESH_AGENT_URL and AGENTMESH_AGENT_LISTEN apply; the flags win.
+        let mut options = Options { discovery_url: args.discovery.clone(), ..Options::from_env() };
         if let Some(listen) = args.listen {
             options.listen = listen;
         }
@@ -65,11 +67,14 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("{} serving at {} ({registered})", agent.id(), agent.base_url());
         running.push(agent);
     }
-    tokio::signal::ctrl_c().await?;
+    agentmesh_agent::shutdown_signal().await;
     for agent in running {
         if let Err(e) = agent.stop().await {
             eprintln!("{e}");
         }
+    }
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown().await;
     }
     Ok(())
 }

@@ -79,9 +79,11 @@ impl AgentTransport for GrpcTransport {
             agent_id: call.target.agent_id.clone(),
         });
         request.set_timeout(call.timeout);
-        for (name, value) in
-            [(header::REQUEST_ID, call.request_id.to_owned()), (header::IDEMPOTENCY_KEY, call.idempotency_key())]
-        {
+        for (name, value) in [
+            (header::REQUEST_ID, call.request_id.to_owned()),
+            (header::IDEMPOTENCY_KEY, call.idempotency_key()),
+            (header::ATTEMPT, call.attempt.to_string()),
+        ] {
             if let Ok(value) = MetadataValue::try_from(value.as_str()) {
                 request.metadata_mut().insert(name, value);
             }
