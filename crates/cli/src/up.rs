@@ -48,6 +48,14 @@ pub fn bind(config: &mut Config) -> anyhow::Result<Listeners> {
     if with_planner {
         config.executor.planner_url = Some(format!("http://{}", config.planner.service.listen));
     }
+    // The services the executor does not call are never agents either.
+    for (runs, listen) in
+        [(with_synthesis, config.synthesis.service.listen), (with_gateway, config.gateway.service.listen)]
+    {
+        if runs {
+            config.executor.mesh_addresses.push(listen.to_string());
+        }
+    }
     Ok(listeners)
 }
 

@@ -42,7 +42,10 @@ fn ask_and_the_python_examples_work_against_demo_serve() {
     // The demo prints each service's address, then keeps running.
     let mut addresses = std::collections::HashMap::new();
     let mut printed = String::new();
-    for line in std::io::BufReader::new(demo.0.stdout.take().unwrap()).lines() {
+    // Kept open until the end: the demo goes on printing, and a closed
+    // pipe would end it.
+    let mut lines = std::io::BufReader::new(demo.0.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
         let line = line.unwrap();
         printed.push_str(&line);
         printed.push('\n');
@@ -88,6 +91,7 @@ fn ask_and_the_python_examples_work_against_demo_serve() {
         .unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     drop(demo);
+    drop(lines);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(output.status.success(), "the Python examples failed:\n{said}");
     for example in ["client_grpc.py", "client_rest.py", "agent.py"] {

@@ -4,7 +4,7 @@
 //! metadata services, reachable from most hosts and full of credentials)
 //! are refused, whether written as IPs or behind a hostname.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -14,6 +14,43 @@ use url::Url;
 /// (169.254.169.254 is the metadata service of most clouds), AWS's IPv6
 /// metadata address, and Alibaba Cloud's metadata address.
 pub const DEFAULT_DENY: [&str; 4] = ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"];
+
+/// Loopback and private networks, denied too with `egress_deny_private`
+/// (a mesh whose agents are all public services).
+pub const PRIVATE: [&str; 9] = [
+    "127.0.0.0/8",
+    "::1/128",
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+    "::/128",
+];
+
+/// The IPv4 address an IPv6 address carries, in each form that reaches an
+/// IPv4 host: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
+/// (`::a.b.c.d`), NAT64 (`64:ff9b::/96` and the local-use
+/// `64:ff9b:1::/48`) and 6to4 (`2002:AABB:CCDD::/48`).
+fn embedded_ipv4(ip: std::net::Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return Some(low);
+    }
+    let nat64 = s[0] == 0x64 && s[1] == 0xff9b;
+    if nat64 && (s[2..6] == [0; 4] || s[2] == 1) {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8));
+    }
+    None
+}
 
 /// Parses a network, `10.0.0.0/8`, `fd00::/8`, or a single address.
 pub fn parse_network(text: &str) -> Result<IpNet, String> {
@@ -33,6 +70,8 @@ pub fn parse_network(text: &str) -> Result<IpNet, String> {
 pub struct Egress {
     deny: Vec<IpNet>,
     allow: Vec<IpNet>,
+    /// The mesh's own services (`host:port`), never agent targets.
+    mesh: Vec<SocketAddr>,
 }
 
 impl Egress {
@@ -41,14 +80,66 @@ impl Egress {
         Ok(Self {
             deny: deny.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
             allow: allow.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
+            mesh: Vec::new(),
         })
     }
 
-    /// Whether the executor may connect to `ip`.
+    /// Also refuses the mesh's own services as agent targets: a step sent
+    /// to discovery's `/api/v1/agents` would register an agent, one sent to
+    /// the gateway would start an orchestration.
+    #[must_use]
+    pub fn with_mesh(mut self, mesh: Vec<SocketAddr>) -> Self {
+        self.mesh = mesh;
+        self
+    }
+
+    /// Whether the executor may connect to `ip`. An IPv6 address that
+    /// carries an IPv4 address (mapped, compatible, NAT64, 6to4) is judged
+    /// by that IPv4 address as well: every form must pass.
     pub fn permits(&self, ip: IpAddr) -> bool {
-        // An IPv4-mapped IPv6 address (`::ffff:169.254.169.254`) is its IPv4 address.
-        let ip = ip.to_canonical();
-        self.allow.iter().any(|n| n.contains(&ip)) || !self.deny.iter().any(|n| n.contains(&ip))
+        let one = |ip: IpAddr| self.allow.iter().any(|n| n.contains(&ip)) || !self.deny.iter().any(|n| n.contains(&ip));
+        match ip {
+            IpAddr::V4(_) => one(ip),
+            IpAddr::V6(v6) => one(ip) && embedded_ipv4(v6).is_none_or(|v4| one(IpAddr::V4(v4))),
+        }
+    }
+
+    /// Whether `address` is one of the mesh's own services (a service
+    /// listening on all interfaces is matched on the loopback addresses).
+    pub fn is_mesh(&self, address: SocketAddr) -> bool {
+        let ip = address.ip().to_canonical();
+        self.mesh.iter().any(|m| {
+            m.port() == address.port() && (m.ip().to_canonical() == ip || (m.ip().is_unspecified() && ip.is_loopback()))
+        })
+    }
+
+    /// Every address `url` names, resolved once: each must be permitted
+    /// and none may be one of the mesh's services. The addresses returned
+    /// are the ones to connect to.
+    pub async fn resolve(&self, url: &Url) -> Result<Vec<SocketAddr>, String> {
+        let port = url.port_or_known_default().ok_or_else(|| format!("`{url}` names no port"))?;
+        let addresses: Vec<SocketAddr> = match url.host() {
+            Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
+            Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
+            Some(url::Host::Domain(host)) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("cannot resolve `{host}`: {e}"))?
+                .collect(),
+            None => return Err(format!("`{url}` has no host")),
+        };
+        if let Some(denied) = addresses.iter().find(|a| !self.permits(a.ip())) {
+            return Err(format!(
+                "{} is in a denied network (egress_deny); allow it with egress_allow if intended",
+                denied.ip()
+            ));
+        }
+        if let Some(own) = addresses.iter().find(|a| self.is_mesh(**a)) {
+            return Err(format!("{own} is one of the mesh's own services, never an agent"));
+        }
+        if addresses.is_empty() {
+            return Err(format!("`{url}` resolves to no address"));
+        }
+        Ok(addresses)
     }
 
     /// Checks a URL whose host is an IP literal (names are checked when they
@@ -66,22 +157,6 @@ impl Egress {
             Err(format!("address {ip} is in a denied network (egress_deny); allow it with egress_allow if intended"))
         }
     }
-
-    /// Every address a host resolves to must be permitted.
-    pub async fn check_host(&self, url: &Url) -> Result<(), String> {
-        self.check_url(url)?;
-        let Some(url::Host::Domain(host)) = url.host() else { return Ok(()) };
-        let port = url.port_or_known_default().unwrap_or(80);
-        let addresses: Vec<SocketAddr> =
-            tokio::net::lookup_host((host, port)).await.map_err(|e| format!("cannot resolve `{host}`: {e}"))?.collect();
-        match addresses.iter().find(|a| !self.permits(a.ip())) {
-            Some(denied) => Err(format!(
-                "`{host}` resolves to {}, in a denied network (egress_deny); allow it with egress_allow if intended",
-                denied.ip()
-            )),
-            None => Ok(()),
-        }
-    }
 }
 
 /// The URL of a capability: the agent's base URL (from discovery) with the
@@ -95,6 +170,13 @@ pub fn capability_url(base_url: &str, endpoint: &str) -> Result<Url, String> {
     if !endpoint.starts_with('/') || endpoint.starts_with("//") || endpoint.contains('\\') || endpoint.contains("://") {
         return Err(format!("capability endpoint `{endpoint}` must be a path on the agent (`/skills/x`)"));
     }
+    let dots = |segment: &str| {
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        decoded == "." || decoded == ".."
+    };
+    if endpoint.split(['/', '?', '#']).any(dots) {
+        return Err(format!("capability endpoint `{endpoint}` must not contain `.` or `..` segments"));
+    }
     let joined = format!("{}{endpoint}", base.as_str().trim_end_matches('/'));
     let url = Url::parse(&joined).map_err(|e| format!("`{joined}` is not a URL: {e}"))?;
     if url.scheme() != base.scheme()
@@ -102,6 +184,9 @@ pub fn capability_url(base_url: &str, endpoint: &str) -> Result<Url, String> {
         || url.port_or_known_default() != base.port_or_known_default()
     {
         return Err(format!("capability endpoint `{endpoint}` leaves the agent's host `{base_url}`"));
+    }
+    if !url.path().starts_with(base.path().trim_end_matches('/')) {
+        return Err(format!("capability endpoint `{endpoint}` leaves the agent's base path `{}`", base.path()));
     }
     Ok(url)
 }
@@ -163,6 +248,49 @@ mod tests {
         }
         assert!(capability_url("http://agent:9000", "/@evil.com/x").is_ok_and(|u| u.host_str() == Some("agent")));
         assert!(capability_url("ftp://agent", "/x").is_err());
+    }
+
+    #[test]
+    fn every_ipv6_form_of_a_denied_ipv4_address_is_denied() {
+        let egress = policy();
+        for denied in [
+            "::169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a9fe:a9fe",
+            "2002:a9fe:a9fe::1",
+            "::ffff:a9fe:a9fe",
+            "::ffff:100.100.100.200",
+        ] {
+            let ip: IpAddr = denied.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            assert!(!egress.permits(ip), "{denied}");
+        }
+        for allowed in ["::1", "::", "64:ff9b::a00:1", "2001:db8::1"] {
+            let ip: IpAddr = allowed.parse().unwrap_or(IpAddr::V4(Ipv4Addr::new(169, 254, 0, 1)));
+            assert!(egress.permits(ip), "{allowed}");
+        }
+    }
+
+    #[test]
+    fn endpoints_stay_under_the_base_path() {
+        for evil in ["/../../admin", "/skills/../../x", "/%2e%2e/admin", "/./x", "/%2E%2E"] {
+            let refused = capability_url("http://agent:9000/tenant/a/", evil);
+            assert!(refused.is_err(), "{evil}: {refused:?}");
+        }
+        let kept = capability_url("http://agent:9000/tenant/a/", "/skills/x").map(|u| u.path().to_owned());
+        assert_eq!(kept.as_deref(), Ok("/tenant/a/skills/x"));
+    }
+
+    #[tokio::test]
+    async fn the_mesh_itself_is_never_an_agent() {
+        let mesh: Vec<SocketAddr> = vec!["127.0.0.1:7400".parse().unwrap(), "0.0.0.0:7404".parse().unwrap()];
+        let egress = policy().with_mesh(mesh);
+        for own in ["http://127.0.0.1:7400/api/v1/agents", "http://[::1]:7404/x", "http://localhost:7400/"] {
+            let refused = egress.resolve(&Url::parse(own).unwrap()).await;
+            assert!(refused.as_ref().is_err_and(|e| e.contains("mesh's own services")), "{own}: {refused:?}");
+        }
+        assert!(egress.resolve(&Url::parse("http://127.0.0.1:9001/").unwrap()).await.is_ok());
+        let metadata = egress.resolve(&Url::parse("http://[::169.254.169.254]/latest").unwrap()).await;
+        assert!(metadata.is_err_and(|e| e.contains("denied network")));
     }
 
     #[test]

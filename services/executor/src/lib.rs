@@ -90,6 +90,14 @@ pub struct ExecutorConfig {
     /// Networks allowed even when denied above.
     #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub egress_allow: Vec<String>,
+    /// Also deny loopback and private networks (`egress::PRIVATE`), for a
+    /// mesh whose agents are all public services.
+    pub egress_deny_private: bool,
+    /// The mesh's other services (`host:port`, such as the gateway and
+    /// synthesis), never agent targets; the executor itself, discovery and
+    /// the planner are always refused.
+    #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
+    pub mesh_addresses: Vec<String>,
 }
 
 agentmesh_server::flat_settings!(ExecutorConfig { service });
@@ -120,6 +128,8 @@ impl Default for ExecutorConfig {
             retention_hours: 24 * 7,
             egress_deny: egress::DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect(),
             egress_allow: Vec::new(),
+            egress_deny_private: false,
+            mesh_addresses: Vec::new(),
         }
     }
 }
@@ -142,6 +152,36 @@ impl ExecutorConfig {
         agentmesh_server::check_min_secs("lease_secs", self.lease_secs, 0.1)?;
         egress::Egress::new(&self.egress_deny, &self.egress_allow).map_err(|e| anyhow::anyhow!("egress: {e}"))?;
         Ok(())
+    }
+
+    /// The egress policy: the denied networks, and the mesh's own services
+    /// (this executor at `own`, discovery, the planner and
+    /// `mesh_addresses`), resolved now.
+    async fn egress(&self, own: std::net::SocketAddr) -> anyhow::Result<egress::Egress> {
+        let mut deny = self.egress_deny.clone();
+        if self.egress_deny_private {
+            deny.extend(egress::PRIVATE.iter().map(|s| (*s).to_owned()));
+        }
+        let mut mesh = vec![own];
+        let urls = std::iter::once(self.discovery_url.clone()).chain(self.planner_url.clone());
+        let mut places: Vec<(String, u16)> = urls
+            .filter_map(|u| url::Url::parse(&u).ok())
+            .filter_map(|u| Some((u.host_str()?.trim_matches(['[', ']']).to_owned(), u.port_or_known_default()?)))
+            .collect();
+        for address in &self.mesh_addresses {
+            let (host, port) = address
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("mesh_addresses: `{address}` is not host:port"))?;
+            places.push((host, port));
+        }
+        for (host, port) in places {
+            match tokio::net::lookup_host((host.as_str(), port)).await {
+                Ok(found) => mesh.extend(found),
+                Err(e) => tracing::warn!(%host, port, error = %e, "a mesh address does not resolve now; not guarded"),
+            }
+        }
+        Ok(egress::Egress::new(&deny, &self.egress_allow).map_err(anyhow::Error::msg)?.with_mesh(mesh))
     }
 
     fn settings(&self) -> engine::Settings {
@@ -188,7 +228,7 @@ pub async fn serve_with_listener(
         Some(url) => Some(PlannerServiceClient::new(traced(agentmesh_telemetry::rpc::channel("planner", url)?))),
         None => None,
     };
-    let egress = Arc::new(egress::Egress::new(&config.egress_deny, &config.egress_allow).map_err(anyhow::Error::msg)?);
+    let egress = Arc::new(config.egress(listener.local_addr()?).await?);
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let owner = format!("executor-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);

@@ -36,16 +36,40 @@ impl GrpcTransport {
         Self { egress, max_output_bytes, clients: Mutex::new(HashMap::new()) }
     }
 
-    fn client(&self, base_url: &str) -> Result<AgentServiceClient<TracedChannel>, Failure> {
+    fn client(&self, base: &Url) -> Result<AgentServiceClient<TracedChannel>, Failure> {
+        let base_url = base.as_str();
         let mut clients = self.clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(client) = clients.get(base_url) {
             return Ok(client.clone());
         }
+        // Each connection resolves the agent's name once, checks every
+        // address, and connects to an address it checked: no second
+        // resolution can lead elsewhere.
+        let (egress, checked) = (self.egress.clone(), base.clone());
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let (egress, checked) = (egress.clone(), checked.clone());
+            async move {
+                let addresses = egress
+                    .resolve(&checked)
+                    .await
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+                let mut last = std::io::Error::other("no address");
+                for address in addresses {
+                    match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(address)).await {
+                        Ok(Ok(stream)) => {
+                            stream.set_nodelay(true)?;
+                            return Ok(hyper_util::rt::TokioIo::new(stream));
+                        }
+                        Ok(Err(e)) => last = e,
+                        Err(_) => last = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+                    }
+                }
+                Err(last)
+            }
+        });
         let channel = tonic::transport::Endpoint::from_shared(base_url.to_owned())
             .map_err(|e| Failure::fatal(format!("agent base_url `{base_url}` is not a gRPC address: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .connect_with_connector_lazy(connector);
         // An answer larger than the output limit is refused by the decoder.
         let client = AgentServiceClient::new(traced(channel)).max_decoding_message_size(self.max_output_bytes);
         clients.insert(base_url.to_owned(), client.clone());
@@ -62,8 +86,8 @@ impl AgentTransport for GrpcTransport {
     async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure> {
         let base = Url::parse(&call.target.base_url)
             .map_err(|e| Failure::fatal(format!("agent base_url `{}` is not a URL: {e}", call.target.base_url)))?;
-        self.egress.check_host(&base).await.map_err(Failure::fatal)?;
-        let mut client = self.client(&call.target.base_url)?;
+        self.egress.resolve(&base).await.map_err(|e| Failure::fatal(format!("refused to call {base}: {e}")))?;
+        let mut client = self.client(&base)?;
         let kind = match call.target.kind {
             CapabilityKind::Reasoner => pb::CapabilityKind::Reasoner,
             CapabilityKind::Skill => pb::CapabilityKind::Skill,

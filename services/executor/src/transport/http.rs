@@ -45,6 +45,9 @@ impl HttpTransport {
     pub fn new(egress: Arc<Egress>, max_output_bytes: usize) -> anyhow::Result<Self> {
         let client = agentmesh_telemetry::http::client_builder()
             .dns_resolver(Arc::new(EgressResolver(egress.clone())))
+            // A redirect would lead the call where the checks above never
+            // looked (an IP literal, the metadata service): none is followed.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
@@ -113,7 +116,7 @@ fn classify(status: StatusCode, body: &Value, retry_after: Option<Duration>) -> 
 impl AgentTransport for HttpTransport {
     async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure> {
         let url = capability_url(&call.target.base_url, &call.target.endpoint).map_err(Failure::fatal)?;
-        self.egress.check_url(&url).map_err(Failure::fatal)?;
+        self.egress.resolve(&url).await.map_err(|e| Failure::fatal(format!("refused to call {url}: {e}")))?;
         let sent = self
             .client
             .post(url.clone())
@@ -141,6 +144,10 @@ impl AgentTransport for HttpTransport {
             }
         };
         let status = response.status();
+        let response_location: Option<String> = response
+            .headers()
+            .get(http::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).chars().take(300).collect());
         let retry_after = response
             .headers()
             .get(http::header::RETRY_AFTER)
@@ -166,6 +173,13 @@ impl AgentTransport for HttpTransport {
                     return Err(Failure::unreachable(format!("reading the answer from {url}: {}", error_chain(&e))));
                 }
             }
+        }
+        if status.is_redirection() {
+            let location = response_location.unwrap_or_else(|| "nowhere".into());
+            return Err(Failure::fatal(format!(
+                "the agent answered HTTP {} redirecting to {location}; calls to agents do not follow redirects",
+                status.as_u16()
+            )));
         }
         if !status.is_success() {
             let value =
