@@ -70,8 +70,10 @@ pub fn parse_network(text: &str) -> Result<IpNet, String> {
 pub struct Egress {
     deny: Vec<IpNet>,
     allow: Vec<IpNet>,
-    /// The mesh's own services (`host:port`), never agent targets.
+    /// The mesh's own services, never agent targets: their addresses, and
+    /// the names they were given by (lowercase, with the port).
     mesh: Vec<SocketAddr>,
+    mesh_names: Vec<(String, u16)>,
 }
 
 impl Egress {
@@ -81,6 +83,7 @@ impl Egress {
             deny: deny.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
             allow: allow.iter().map(|c| parse_network(c)).collect::<Result<_, _>>()?,
             mesh: Vec::new(),
+            mesh_names: Vec::new(),
         })
     }
 
@@ -91,6 +94,45 @@ impl Egress {
     pub fn with_mesh(mut self, mesh: Vec<SocketAddr>) -> Self {
         self.mesh = mesh;
         self
+    }
+
+    /// The names the mesh's services are known by (`discovery:7400`), so
+    /// that an agent URL naming one is refused without a lookup.
+    #[must_use]
+    pub fn with_mesh_names(mut self, names: Vec<(String, u16)>) -> Self {
+        self.mesh_names = names.into_iter().map(|(h, p)| (h.to_lowercase(), p)).collect();
+        self
+    }
+
+    /// The check made on every HTTP call, without a lookup: an IP literal
+    /// must be permitted and not the mesh's; a name must not be one the
+    /// mesh's services go by (`localhost` included). The addresses a name
+    /// resolves to are checked by [`EgressResolver`] as the call connects.
+    pub fn check_call(&self, url: &Url) -> Result<(), String> {
+        let port = url.port_or_known_default().ok_or_else(|| format!("`{url}` names no port"))?;
+        let (ip, name) = match url.host() {
+            Some(url::Host::Ipv4(ip)) => (Some(IpAddr::V4(ip)), None),
+            Some(url::Host::Ipv6(ip)) => (Some(IpAddr::V6(ip)), None),
+            Some(url::Host::Domain(name)) => (None, Some(name.to_lowercase())),
+            None => return Err(format!("`{url}` has no host")),
+        };
+        if let Some(ip) = ip {
+            if !self.permits(ip) {
+                return Err(format!(
+                    "{ip} is in a denied network (egress_deny); allow it with egress_allow if intended"
+                ));
+            }
+            if self.is_mesh(SocketAddr::new(ip, port)) {
+                return Err(format!("{} is one of the mesh's own services, never an agent", SocketAddr::new(ip, port)));
+            }
+        }
+        if let Some(name) = name {
+            let loopback = name == "localhost" && self.is_mesh(SocketAddr::from(([127, 0, 0, 1], port)));
+            if loopback || self.mesh_names.iter().any(|(n, p)| *n == name && *p == port) {
+                return Err(format!("{name}:{port} is one of the mesh's own services, never an agent"));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the executor may connect to `ip`. An IPv6 address that
@@ -204,7 +246,7 @@ impl reqwest::dns::Resolve for EgressResolver {
             let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let permitted: Vec<SocketAddr> = all.iter().copied().filter(|a| egress.permits(a.ip())).collect();
             if permitted.is_empty() && !all.is_empty() {
-                let message = format!("`{host}` resolves only to denied addresses (egress_deny)");
+                let message = format!("`{host}` resolves only to addresses in a denied network (egress_deny)");
                 return Err(Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, message)) as _);
             }
             Ok(Box::new(permitted.into_iter()) as reqwest::dns::Addrs)
@@ -289,6 +331,16 @@ mod tests {
             assert!(refused.as_ref().is_err_and(|e| e.contains("mesh's own services")), "{own}: {refused:?}");
         }
         assert!(egress.resolve(&Url::parse("http://127.0.0.1:9001/").unwrap()).await.is_ok());
+        // The check on every HTTP call, without a lookup.
+        let named = policy()
+            .with_mesh(vec!["127.0.0.1:7400".parse().unwrap()])
+            .with_mesh_names(vec![("Discovery".into(), 7400)]);
+        for own in ["http://discovery:7400/api/v1/agents", "http://localhost:7400/x", "http://127.0.0.1:7400/x"] {
+            let refused = named.check_call(&Url::parse(own).unwrap());
+            assert!(refused.as_ref().is_err_and(|e| e.contains("mesh's own services")), "{own}: {refused:?}");
+        }
+        assert!(named.check_call(&Url::parse("http://discovery:9001/x").unwrap()).is_ok());
+        assert!(named.check_call(&Url::parse("http://[64:ff9b::a9fe:a9fe]/x").unwrap()).is_err());
         let metadata = egress.resolve(&Url::parse("http://[::169.254.169.254]/latest").unwrap()).await;
         assert!(metadata.is_err_and(|e| e.contains("denied network")));
     }

@@ -175,13 +175,18 @@ impl ExecutorConfig {
                 .ok_or_else(|| anyhow::anyhow!("mesh_addresses: `{address}` is not host:port"))?;
             places.push((host, port));
         }
-        for (host, port) in places {
-            match tokio::net::lookup_host((host.as_str(), port)).await {
+        for (host, port) in &places {
+            match tokio::net::lookup_host((host.as_str(), *port)).await {
                 Ok(found) => mesh.extend(found),
-                Err(e) => tracing::warn!(%host, port, error = %e, "a mesh address does not resolve now; not guarded"),
+                Err(e) => {
+                    tracing::warn!(%host, port, error = %e, "a mesh address does not resolve now; guarded by name only")
+                }
             }
         }
-        Ok(egress::Egress::new(&deny, &self.egress_allow).map_err(anyhow::Error::msg)?.with_mesh(mesh))
+        Ok(egress::Egress::new(&deny, &self.egress_allow)
+            .map_err(anyhow::Error::msg)?
+            .with_mesh(mesh)
+            .with_mesh_names(places))
     }
 
     fn settings(&self) -> engine::Settings {

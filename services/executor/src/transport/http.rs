@@ -116,7 +116,7 @@ fn classify(status: StatusCode, body: &Value, retry_after: Option<Duration>) -> 
 impl AgentTransport for HttpTransport {
     async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure> {
         let url = capability_url(&call.target.base_url, &call.target.endpoint).map_err(Failure::fatal)?;
-        self.egress.resolve(&url).await.map_err(|e| Failure::fatal(format!("refused to call {url}: {e}")))?;
+        self.egress.check_call(&url).map_err(|e| Failure::fatal(format!("refused to call {url}: {e}")))?;
         let sent = self
             .client
             .post(url.clone())
@@ -134,9 +134,7 @@ impl AgentTransport for HttpTransport {
                 )));
             }
             Err(e) => {
-                let denied = std::error::Error::source(&e)
-                    .map(ToString::to_string)
-                    .is_some_and(|s| s.contains("denied addresses"));
+                let denied = error_chain(&e).contains("in a denied network");
                 if denied {
                     return Err(Failure::fatal(format!("refused to call {url}: {}", error_chain(&e))));
                 }
