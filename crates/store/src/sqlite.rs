@@ -33,6 +33,36 @@ pub(crate) async fn open(url: &str) -> StoreResult<SqlitePool> {
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(Duration::from_secs(5))
         .foreign_keys(true);
+    // Services of one process (`agentmesh up`, `demo`) open one file one
+    // at a time: a fresh file's switch to WAL and its migrations take
+    // locks that SQLite may refuse at once ("database is locked") rather
+    // than wait for. Another process opening it too is waited out.
+    let _one_at_a_time = OPENING.lock().await;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match connect(options.clone(), memory).await {
+            Err(e) if attempt < OPEN_ATTEMPTS && locked(&e) => {
+                tracing::debug!(error = %e, attempt, "the database is locked; opening it again");
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Attempts at opening a database another connection holds locked.
+const OPEN_ATTEMPTS: u32 = 10;
+
+/// Opens of SQLite files in this process, one at a time.
+static OPENING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Whether an error is SQLite's `SQLITE_BUSY` ("database is locked").
+fn locked(e: &crate::StoreError) -> bool {
+    e.to_string().contains("database is locked")
+}
+
+async fn connect(options: SqliteConnectOptions, memory: bool) -> StoreResult<SqlitePool> {
     // An in-memory database exists per connection: keep exactly one.
     let pool = SqlitePoolOptions::new()
         .max_connections(if memory { 1 } else { 4 })
