@@ -250,7 +250,45 @@ async fn rest_errors_use_the_error_shape() {
         assert!(answer["message"].as_str().unwrap().contains(says), "{body}: {answer}");
         assert!(answer["request_id"].as_str().is_some_and(|id| !id.is_empty()), "{answer}");
     }
+    // Ids, budgets and nesting are held to what the mesh can carry.
+    let mut deep = json!({"leaf": 1});
+    for _ in 0..40 {
+        deep = json!({"a": deep});
+    }
+    for (body, says) in [
+        (json!({"query": "x", "request_id": "req\r\nforged line"}), "request_id holds a space, a control"),
+        (json!({"query": "x", "request_id": "r".repeat(200)}), "request_id is 200 bytes long"),
+        (json!({"query": "x", "review_budget": 11}), "review_budget is 11; at most 10"),
+        (json!({"query": "x", "options": {"context": deep}}), "options.context nests objects and arrays"),
+    ] {
+        let response = http.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["error"], "validation_failed", "{answer}");
+        assert!(answer["message"].as_str().unwrap().contains(says), "{answer}");
+        assert!(!answer.to_string().contains("forged"), "the id is never echoed: {answer}");
+    }
+    let mut gateway = mesh.gateway().await;
+    let refused = gateway
+        .orchestrate(pb::OrchestrateRequest { request_id: "a\nb".into(), query: "x".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert_eq!(mesh.running(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_orchestrations_with_one_request_id_never_both_start() {
+    let Some(mesh) = Mesh::start(Backend::Sqlite, vec![], Options::default()).await else { return };
+    let http = agentmesh_testkit::http_client();
+    let url = format!("http://{}/api/v1/orchestrate", mesh.gateway);
+    for round in 0..2 {
+        let body = json!({"query": "What is the weather in Chicago?", "request_id": format!("req_same_{round}")});
+        let send = || http.post(&url).json(&body).send();
+        let (a, b, c) = tokio::join!(send(), send(), send());
+        let statuses: Vec<u16> = [a, b, c].into_iter().map(|r| r.unwrap().status().as_u16()).collect();
+        assert_eq!(statuses.iter().filter(|s| **s == 409).count(), 2, "round {round}: {statuses:?}");
+    }
 }
 
 fn not_achieved_add_time() -> ScriptedReply {

@@ -26,7 +26,7 @@ const BELOW_SERVICES: [(&str, &[&str]); 9] = [
             "agentmesh-telemetry",
         ],
     ),
-    ("agentmesh-server", &["agentmesh-proto", "agentmesh-telemetry"]),
+    ("agentmesh-server", &["agentmesh-core", "agentmesh-proto", "agentmesh-telemetry"]),
     // Agents are clients of the mesh: the SDK and the demo agents know
     // only its contracts, never a service.
     ("agentmesh-agent-sdk", &["agentmesh-proto", "agentmesh-telemetry"]),

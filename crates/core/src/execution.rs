@@ -166,6 +166,13 @@ pub struct ExecutionOptions {
     pub replan_budget: u32,
 }
 
+/// Most replans (loop-backs) one execution may be given: each one costs a
+/// planning call and new steps.
+pub const MAX_REPLAN_BUDGET: u32 = 10;
+
+/// Most concurrent steps one execution may ask for.
+pub const MAX_EXECUTION_CONCURRENCY: u32 = 1_000;
+
 /// What was asked: stored once, when the execution is created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionSpec {

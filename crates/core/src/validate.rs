@@ -21,6 +21,40 @@ pub const MAX_DESCRIPTION_LEN: usize = 8_192;
 /// Longest version string.
 pub const MAX_VERSION_LEN: usize = 64;
 
+/// Deepest nesting of objects and arrays accepted in a schema, an example
+/// or any JSON a client sends (`1` for `{}`). Every consumer must be able
+/// to decode what is accepted: carried as a protobuf `Struct`, each JSON
+/// level costs two or three of the 100 levels a protobuf decoder allows,
+/// and messages around it a few more.
+pub const MAX_JSON_DEPTH: usize = 24;
+
+/// How deeply `value` nests objects and arrays (`0` for a scalar).
+/// Iterative: safe on any value, however deep.
+pub fn json_depth(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(value, 1usize)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Object(fields) => Box::new(fields.values()),
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth);
+        pending.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
+/// `value`'s nesting checked against [`MAX_JSON_DEPTH`]: the message names
+/// the limit, for an `INVALID_ARGUMENT` or a field error.
+pub fn check_json_depth(value: &serde_json::Value) -> Result<(), String> {
+    let depth = json_depth(value);
+    if depth > MAX_JSON_DEPTH {
+        return Err(format!("nests objects and arrays {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted"));
+    }
+    Ok(())
+}
+
 /// One problem with one field of a registration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FieldError {
@@ -125,15 +159,19 @@ fn check_capability(field: &str, cap: &Capability, errors: &mut Vec<FieldError>)
     }
     check_tags(&format!("{field}.tags"), &cap.tags, errors);
     for (name, schema) in [("input_schema", &cap.input_schema), ("output_schema", &cap.output_schema)] {
-        if let Some(schema) = schema
-            && let Err(e) = check_schema(&schema.to_value())
-        {
-            errors.push(FieldError::new(format!("{field}.{name}"), e));
+        if let Some(schema) = schema {
+            let schema = schema.to_value();
+            if let Err(e) = check_json_depth(&schema).and_then(|()| check_schema(&schema)) {
+                errors.push(FieldError::new(format!("{field}.{name}"), e));
+            }
         }
     }
     for (i, example) in cap.examples.iter().enumerate() {
+        let example = example.to_value();
         if !example.is_object() {
             errors.push(FieldError::new(format!("{field}.examples[{i}]"), "must be a JSON object"));
+        } else if let Err(e) = check_json_depth(&example) {
+            errors.push(FieldError::new(format!("{field}.examples[{i}]"), e));
         }
     }
     if !cap.endpoint.is_empty() && (!cap.endpoint.starts_with('/') || cap.endpoint.contains(char::is_whitespace)) {
@@ -184,6 +222,34 @@ mod tests {
                 "skills[0].endpoint"
             ]
         );
+    }
+
+    #[test]
+    fn schemas_and_examples_nested_too_deep_for_any_consumer_are_refused() {
+        fn nested(levels: usize) -> serde_json::Value {
+            let mut schema = serde_json::json!({"type": "string"});
+            // Each `properties` level adds two objects.
+            for _ in 1..levels.div_ceil(2) {
+                schema = serde_json::json!({"type": "object", "properties": {"a": schema}});
+            }
+            schema
+        }
+        assert_eq!(json_depth(&nested(MAX_JSON_DEPTH)), MAX_JSON_DEPTH - 1);
+        assert_eq!(json_depth(&serde_json::json!([[1], {"a": {}}])), 3);
+        assert_eq!(json_depth(&serde_json::json!(1)), 0);
+        let ok = definition(serde_json::json!({"id": "a", "base_url": "http://a:1",
+            "skills": [{"id": "s", "input_schema": nested(MAX_JSON_DEPTH)}]}));
+        assert_eq!(validate_definition(&ok), Ok(()));
+        let mut example = serde_json::json!(1);
+        for _ in 0..25 {
+            example = serde_json::json!([example]);
+        }
+        let deep = definition(serde_json::json!({"id": "a", "base_url": "http://a:1",
+            "skills": [{"id": "s", "input_schema": nested(40), "examples": [{"x": example}]}]}));
+        let errors = validate_definition(&deep).expect_err("too deep");
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["skills[0].input_schema", "skills[0].examples[0]"]);
+        assert!(errors[0].message.contains("at most 24"), "{}", errors[0].message);
     }
 
     #[test]

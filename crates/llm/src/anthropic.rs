@@ -17,7 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
 use crate::OnText;
-use crate::http::{Failure, Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
+use crate::http::{BaseUrl, Failure, Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffort, Role, StructuredMode, Usage};
 
@@ -71,8 +71,9 @@ pub struct Anthropic {
 impl Anthropic {
     /// A provider with the given settings.
     pub fn new(config: AnthropicConfig) -> Result<Self, LlmError> {
-        let http = Http::new(&config.http)?;
-        let endpoint = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
+        let base = BaseUrl::parse(&config.base_url)?;
+        let http = Http::new(&config.http, &base, config.api_key.as_ref().map(|k| k.expose_secret()))?;
+        let endpoint = base.join("/v1/messages", None);
         let mut headers = vec![("anthropic-version", ANTHROPIC_VERSION.to_owned())];
         if let Some(key) = &config.api_key {
             headers.push(("x-api-key", key.expose_secret().to_owned()));

@@ -21,7 +21,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 
 use crate::OnText;
-use crate::http::{Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
+use crate::http::{BaseUrl, Http, HttpSettings, Post, SseEvent, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{Completion, CompletionRequest, LlmError, LlmProvider, ReasoningEffort, Role, StructuredMode, Usage};
 
@@ -173,7 +173,7 @@ fn translate(schema: &Value, defs: Option<&Map<String, Value>>, depth: usize) ->
 
 /// A provider for the Gemini API.
 pub struct Gemini {
-    base_url: String,
+    base: BaseUrl,
     model: String,
     headers: Vec<(&'static str, String)>,
     http: Http,
@@ -182,18 +182,19 @@ pub struct Gemini {
 impl Gemini {
     /// A provider with the given settings.
     pub fn new(config: GeminiConfig) -> Result<Self, LlmError> {
-        let http = Http::new(&config.http)?;
+        let base = BaseUrl::parse(&config.base_url)?;
+        let http = Http::new(&config.http, &base, config.api_key.as_ref().map(|k| k.expose_secret()))?;
         let headers = config.api_key.iter().map(|key| ("x-goog-api-key", key.expose_secret().to_owned())).collect();
         let model = models::choose(Family::Gemini, &config.model, Some(&config.model));
-        Ok(Self { base_url: config.base_url.trim_end_matches('/').to_owned(), model, headers, http })
+        Ok(Self { base, model, headers, http })
     }
 
     fn url(&self, model: &str, stream: bool) -> String {
         let model = model.strip_prefix("models/").unwrap_or(model);
         if stream {
-            format!("{}/v1beta/models/{model}:streamGenerateContent?alt=sse", self.base_url)
+            self.base.join(&format!("/v1beta/models/{model}:streamGenerateContent"), Some("alt=sse"))
         } else {
-            format!("{}/v1beta/models/{model}:generateContent", self.base_url)
+            self.base.join(&format!("/v1beta/models/{model}:generateContent"), None)
         }
     }
 
@@ -298,7 +299,7 @@ impl LlmProvider for Gemini {
     }
 
     async fn probe(&self) -> Result<String, String> {
-        self.http.probe(&self.base_url).await
+        self.http.probe(self.base.root()).await
     }
 
     fn model(&self) -> &str {

@@ -90,6 +90,65 @@ pub(crate) struct Http {
     client: reqwest::Client,
     retry: RetryPolicy,
     max_response_bytes: usize,
+    /// Texts never shown: the API key, the base URL's password and secret
+    /// query parameters; hidden in every message this client writes.
+    secrets: Vec<String>,
+    /// User name and password from the base URL, sent as HTTP Basic
+    /// authentication when no API key is configured.
+    basic: Option<(String, Option<String>)>,
+}
+
+/// A provider's base URL taken apart: where requests go (no user info), the
+/// query parameters every request carries (`?api_key=…` stays a query
+/// parameter, after the path), and the user info.
+#[derive(Debug, Clone)]
+pub(crate) struct BaseUrl {
+    /// Scheme, host, port and path, without a trailing `/`.
+    root: String,
+    /// The query as written, without `?`.
+    query: Option<String>,
+    /// The user info, percent-decoded.
+    user: Option<(String, Option<String>)>,
+    /// The URL as given, for [`agentmesh_telemetry::secrets::url_secrets`].
+    given: String,
+}
+
+impl BaseUrl {
+    /// Takes `raw` apart; an unparsable URL is a configuration error.
+    pub(crate) fn parse(raw: &str) -> Result<Self, LlmError> {
+        let mut url = reqwest::Url::parse(raw.trim()).map_err(|e| {
+            LlmError::Config(format!("the LLM base URL {} is not a URL: {e}", agentmesh_telemetry::redact(raw)))
+        })?;
+        let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+        let user = (!url.username().is_empty()).then(|| (decode(url.username()), url.password().map(decode)));
+        let query = url.query().filter(|q| !q.is_empty()).map(str::to_owned);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.set_query(None);
+        url.set_fragment(None);
+        Ok(Self { root: url.as_str().trim_end_matches('/').to_owned(), query, user, given: raw.to_owned() })
+    }
+
+    /// The URL of `path` (which starts with `/`) under the base, with the
+    /// base's query parameters and then `extra` (`alt=sse`).
+    pub(crate) fn join(&self, path: &str, extra: Option<&str>) -> String {
+        let query: Vec<&str> = self.query.as_deref().into_iter().chain(extra).collect();
+        if query.is_empty() {
+            format!("{}{path}", self.root)
+        } else {
+            format!("{}{path}?{}", self.root, query.join("&"))
+        }
+    }
+
+    /// Where requests go, for the readiness probe (host and port only).
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The base URL as shown in logs: secrets replaced by `***`.
+    pub(crate) fn shown(&self) -> String {
+        agentmesh_telemetry::redact(&self.given)
+    }
 }
 
 /// A request: where, with which headers, what body.
@@ -104,7 +163,10 @@ pub(crate) struct Post<'a> {
 pub use agentmesh_telemetry::http::{client_builder, install_tls_provider, parse_retry_after};
 
 impl Http {
-    pub(crate) fn new(settings: &HttpSettings) -> Result<Self, LlmError> {
+    /// A client for the server at `base`, authenticating with `key` when
+    /// given (the provider sends it in its own header) or else with the base
+    /// URL's user info.
+    pub(crate) fn new(settings: &HttpSettings, base: &BaseUrl, key: Option<&str>) -> Result<Self, LlmError> {
         let mut builder = client_builder().timeout(settings.timeout);
         if let Some(path) = &settings.ca_file {
             let pem = std::fs::read(path)
@@ -117,13 +179,51 @@ impl Http {
             builder = builder.tls_certs_merge(certs);
         }
         let client = builder.build().map_err(|e| LlmError::Config(format!("building the HTTP client: {e}")))?;
-        Ok(Self { client, retry: settings.retry, max_response_bytes: settings.max_response_bytes })
+        let mut secrets = agentmesh_telemetry::secrets::url_secrets(&base.given);
+        secrets.extend(key.map(str::to_owned));
+        if let Some((user, Some(_))) = &base.user {
+            // With a password, the user name may be part of the credential.
+            secrets.push(user.clone());
+        }
+        let basic = if key.is_none() { base.user.clone() } else { None };
+        Ok(Self { client, retry: settings.retry, max_response_bytes: settings.max_response_bytes, secrets, basic })
+    }
+
+    /// `text` without any of this client's secrets.
+    fn scrub(&self, text: &str) -> String {
+        agentmesh_telemetry::secrets::scrub(text, &self.secrets)
+    }
+
+    /// A failure with every message scrubbed of this client's secrets.
+    fn scrubbed(&self, failure: Failure) -> Failure {
+        match failure {
+            Failure::Transient { message, retry_after } => {
+                Failure::Transient { message: self.scrub(&message), retry_after }
+            }
+            Failure::ModeRejected { status, body } => Failure::ModeRejected { status, body: self.scrub(&body) },
+            Failure::Fatal(e) => Failure::Fatal(match e {
+                LlmError::BadRequest { status, body } => LlmError::BadRequest { status, body: self.scrub(&body) },
+                LlmError::Unavailable { attempts, message } => {
+                    LlmError::Unavailable { attempts, message: self.scrub(&message) }
+                }
+                LlmError::InvalidResponse(message) => LlmError::InvalidResponse(self.scrub(&message)),
+                LlmError::Config(message) => LlmError::Config(self.scrub(&message)),
+                auth @ LlmError::Auth { .. } => auth,
+            }),
+        }
     }
 
     async fn attempt(&self, post: &Post<'_>) -> Result<reqwest::Response, Failure> {
+        self.attempt_once(post).await.map_err(|f| self.scrubbed(f))
+    }
+
+    async fn attempt_once(&self, post: &Post<'_>) -> Result<reqwest::Response, Failure> {
         let mut http = self.client.post(post.url).json(post.body);
         for (name, value) in post.headers {
             http = http.header(*name, value);
+        }
+        if let Some((user, password)) = &self.basic {
+            http = http.basic_auth(user, password.as_ref());
         }
         let response = match http.send().await {
             Ok(r) => r,
@@ -184,7 +284,7 @@ impl Http {
             match op().await {
                 Err(Failure::Transient { message, retry_after }) if retry < self.retry.max_retries => {
                     let wait = self.retry.delay(retry, retry_after);
-                    tracing::warn!(endpoint = %url, retry = retry + 1, wait_ms = wait.as_millis() as u64, error = %message, "LLM call failed; retrying");
+                    tracing::warn!(endpoint = %self.scrub(url), retry = retry + 1, wait_ms = wait.as_millis() as u64, error = %message, "LLM call failed; retrying");
                     tokio::time::sleep(wait).await;
                     retry += 1;
                 }
@@ -212,6 +312,10 @@ impl Http {
 
     /// POSTs and reads a JSON answer, retrying transient failures.
     pub(crate) async fn post_json(&self, post: &Post<'_>) -> Result<Value, Failure> {
+        self.post_json_once(post).await.map_err(|f| self.scrubbed(f))
+    }
+
+    async fn post_json_once(&self, post: &Post<'_>) -> Result<Value, Failure> {
         self.with_retries(post.url, || async {
             let response = self.attempt(post).await?;
             let text = self.read_body(response, self.max_response_bytes).await?;
@@ -225,6 +329,14 @@ impl Http {
     /// Failures before the first byte are retried; a stream cut midway is not
     /// (part of the answer was already delivered).
     pub(crate) async fn post_events(
+        &self,
+        post: &Post<'_>,
+        on_event: &mut (dyn FnMut(SseEvent) -> Result<(), LlmError> + Send),
+    ) -> Result<(), Failure> {
+        self.post_events_once(post, on_event).await.map_err(|f| self.scrubbed(f))
+    }
+
+    async fn post_events_once(
         &self,
         post: &Post<'_>,
         on_event: &mut (dyn FnMut(SseEvent) -> Result<(), LlmError> + Send),

@@ -19,7 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
 use crate::OnText;
-use crate::http::{Failure, Http, HttpSettings, Post, count, event_json, truncate};
+use crate::http::{BaseUrl, Failure, Http, HttpSettings, Post, count, event_json, truncate};
 use crate::models::{self, Family};
 use crate::{
     Completion, CompletionRequest, LlmError, LlmProvider, Message, StructuredMode, StructuredSetting, Usage,
@@ -108,6 +108,7 @@ fn fingerprint(schema: &Value) -> u64 {
 /// A provider for OpenAI's chat completions API and compatible servers.
 pub struct OpenAiCompatible {
     config: OpenAiConfig,
+    base: BaseUrl,
     endpoint: String,
     headers: Vec<(&'static str, String)>,
     http: Http,
@@ -116,13 +117,14 @@ pub struct OpenAiCompatible {
 impl OpenAiCompatible {
     /// A provider with the given settings.
     pub fn new(mut config: OpenAiConfig) -> Result<Self, LlmError> {
-        let http = Http::new(&config.http)?;
+        let base = BaseUrl::parse(&config.base_url)?;
+        let http = Http::new(&config.http, &base, config.api_key.as_ref().map(|k| k.expose_secret()))?;
         // The configured model may itself be an alias (`--llm openai:fast`).
         config.model = models::choose(config.family, &config.model, Some(&config.model));
-        let endpoint = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let endpoint = base.join("/chat/completions", None);
         let headers =
             config.api_key.iter().map(|key| ("authorization", format!("Bearer {}", key.expose_secret()))).collect();
-        Ok(Self { config, endpoint, headers, http })
+        Ok(Self { config, base, endpoint, headers, http })
     }
 
     fn is_reasoning_model(&self, model: &str) -> bool {
@@ -239,7 +241,7 @@ impl OpenAiCompatible {
                     if self.config.structured == StructuredSetting::Auto {
                         let mut learned = learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         if learned.entry(key.clone()).or_default().accepted.insert(mode) {
-                            tracing::info!(base_url = %key.0, model = %key.1, mode = %mode, rejected = ?rejected, "structured output: the server accepts this mode");
+                            tracing::info!(base_url = %self.base.shown(), model = %key.1, mode = %mode, rejected = ?rejected, "structured output: the server accepts this mode");
                         }
                     }
                     return Ok(completion);
@@ -254,7 +256,7 @@ impl OpenAiCompatible {
                         refused.clear();
                     }
                     if refused.insert(schema) && refused.len() == 2 && entry.unsupported(mode) {
-                        tracing::info!(base_url = %key.0, model = %key.1, mode = %mode, "structured output: the server does not take this mode; skipping it from now on");
+                        tracing::info!(base_url = %self.base.shown(), model = %key.1, mode = %mode, "structured output: the server does not take this mode; skipping it from now on");
                     }
                 }
                 Err(failure) => return Err(failure.into_error(1)),
@@ -349,7 +351,7 @@ impl LlmProvider for OpenAiCompatible {
     }
 
     async fn probe(&self) -> Result<String, String> {
-        self.http.probe(&self.config.base_url).await
+        self.http.probe(self.base.root()).await
     }
 
     fn model(&self) -> &str {

@@ -446,3 +446,46 @@ fn the_api_key_never_appears_in_debug_output() {
     let shown = format!("{config:?}");
     assert!(!shown.contains("sk-test-secret") && shown.contains("api_key"), "{shown}");
 }
+
+#[tokio::test]
+async fn a_base_url_keeps_its_query_after_the_path_and_its_secrets_out_of_errors() {
+    // The server echoes what it was sent, as some do in their error bodies.
+    let echo = "invalid request: key sk-test-secret, api_key=q-secret-value, user pw-secret-value";
+    let server = ScriptedLlmServer::start(vec![
+        ScriptedReply::openai_content("{}"),
+        ScriptedReply::error(400, json!({"error": {"message": echo}})),
+        ScriptedReply::error(503, json!({"error": {"message": echo}})),
+        ScriptedReply::openai_content("{}"),
+    ])
+    .await
+    .unwrap();
+    let base = format!("http://alice:pw-secret-value@{}/v1?api_key=q-secret-value", server.addr);
+    let mut config = OpenAiConfig::new(base.clone(), "m");
+    config.structured = StructuredSetting::Fixed(StructuredMode::None);
+    config.api_key = Some(secrecy::SecretString::from("sk-test-secret"));
+    config.http.retry =
+        RetryPolicy { max_retries: 0, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(1) };
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    let sent = &server.requests()[0];
+    // The query stays a query, after the path; the key stays the bearer.
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(sent.query.as_deref(), Some("api_key=q-secret-value"));
+    assert_eq!(sent.header("authorization"), Some("Bearer sk-test-secret"));
+    for _ in 0..2 {
+        let error = p.complete(&plan_request()).await.expect_err("an error answer").to_string();
+        for secret in ["sk-test-secret", "q-secret-value", "pw-secret-value"] {
+            assert!(!error.contains(secret), "{secret} in {error}");
+        }
+        assert!(error.contains("key ***, api_key=***, user ***"), "{error}");
+    }
+
+    // Without a key, the user info is HTTP Basic authentication.
+    let mut config = OpenAiConfig::new(base, "m");
+    config.structured = StructuredSetting::Fixed(StructuredMode::None);
+    let p = OpenAiCompatible::new(config).unwrap_or_else(|e| panic!("{e}"));
+    p.complete(&plan_request()).await.unwrap_or_else(|e| panic!("{e}"));
+    let sent = server.requests().pop().expect("a request");
+    // base64("alice:pw-secret-value")
+    assert_eq!(sent.header("authorization"), Some("Basic YWxpY2U6cHctc2VjcmV0LXZhbHVl"));
+}

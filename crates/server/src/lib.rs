@@ -8,10 +8,12 @@
 //!   `/readyz` and `/metrics`;
 //! - [`stack::stack`] wraps it all in the shared tower stack (request ids,
 //!   traces, deadlines, a concurrency cap, a body limit);
-//! - [`serve`] runs it until shutdown, draining in-flight requests;
+//! - [`serve`] runs it until shutdown, draining in-flight requests, every
+//!   connection held to limits ([`conn`]);
 //! - [`settings`] holds the settings every service shares, and
 //!   [`Service`] assembles a service's port from all of the above.
 
+pub mod conn;
 pub mod grpc;
 pub mod net;
 pub mod probes;
@@ -21,28 +23,27 @@ pub mod stack;
 
 use std::future::Future;
 
-use anyhow::Context;
 use axum::Router;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use agentmesh_telemetry::redact;
+pub use agentmesh_telemetry::secrets::redacted;
+pub use conn::ConnectionLimits;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use service::Service;
 pub use settings::{ServiceSettings, check_min_secs, check_service_url, list_or_commas};
-pub use stack::{Limits, RequestId, call_request_id, call_timeout, error_body, new_request_id, stack};
+pub use stack::{
+    Limits, RequestId, call_request_id, call_timeout, check_request_id, error_body, new_request_id, stack,
+};
 
-/// Serves `app` on `listener` until `shutdown` resolves, then lets
-/// in-flight requests finish.
+/// Serves `app` on `listener` until `shutdown` resolves, draining in-flight
+/// requests, each connection held to `limits` ([`conn::serve`]).
 pub async fn serve(
     name: &str,
     listener: TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ConnectionLimits,
 ) -> anyhow::Result<()> {
-    // Small answers go out at once instead of waiting on Nagle's algorithm.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.with_context(|| format!("serving {name}"))
+    conn::serve(name, listener, app, shutdown, limits).await
 }

@@ -100,10 +100,16 @@ impl Service {
         let http = crate::probes::router(self.metrics, readiness).merge(self.http);
         let app = crate::stack(http, grpc, &settings.limits());
         tracing::info!(addr = %listener.local_addr()?, service = self.name, "{} listening (gRPC and HTTP)", self.name);
-        crate::serve(self.name, listener, app, async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
+        crate::serve(
+            self.name,
+            listener,
+            app,
+            async move {
+                shutdown.await;
+                let _ = stop.send(true);
+            },
+            settings.connection_limits(),
+        )
         .await
     }
 }

@@ -39,6 +39,19 @@ pub struct ServiceSettings {
     /// Seconds between checks of the service's dependencies (its store, the
     /// services it calls) for readiness.
     pub health_check_interval_secs: f64,
+    /// Connections open at once; one more is closed as soon as it is
+    /// accepted (and logged), never left hanging.
+    pub max_connections: usize,
+    /// Seconds a connection may stay silent before it is closed; live
+    /// HTTP/2 connections are pinged, so quiet streams stay open.
+    pub idle_timeout_secs: f64,
+    /// Concurrent calls one HTTP/2 connection may carry (a client that
+    /// multiplexes everything over one connection is held to it).
+    pub max_streams_per_connection: u32,
+    /// Calls open at once, streams and SSE followers included for as long
+    /// as they stay open; one more is refused at once (`RESOURCE_EXHAUSTED`,
+    /// HTTP 503), never left waiting.
+    pub max_open_calls: usize,
 }
 
 impl Default for ServiceSettings {
@@ -50,6 +63,10 @@ impl Default for ServiceSettings {
             request_timeout_secs: 30.0,
             max_concurrent_requests: 1_000,
             health_check_interval_secs: 2.0,
+            max_connections: 10_000,
+            idle_timeout_secs: 120.0,
+            max_streams_per_connection: 1_000,
+            max_open_calls: 10_000,
         }
     }
 }
@@ -72,6 +89,10 @@ impl ServiceSettings {
         anyhow::ensure!(self.max_concurrent_requests >= 1, "max_concurrent_requests must be at least 1");
         anyhow::ensure!(self.max_request_bytes >= 1024, "max_request_bytes must be at least 1024");
         check_min_secs("health_check_interval_secs", self.health_check_interval_secs, 0.05)?;
+        anyhow::ensure!(self.max_connections >= 1, "max_connections must be at least 1");
+        check_min_secs("idle_timeout_secs", self.idle_timeout_secs, 1.0)?;
+        anyhow::ensure!(self.max_streams_per_connection >= 1, "max_streams_per_connection must be at least 1");
+        anyhow::ensure!(self.max_open_calls >= 1, "max_open_calls must be at least 1");
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
@@ -86,6 +107,16 @@ impl ServiceSettings {
             request_timeout: Duration::from_secs_f64(self.request_timeout_secs),
             max_concurrent_requests: self.max_concurrent_requests,
             max_request_bytes: self.max_request_bytes,
+            max_open_calls: self.max_open_calls,
+        }
+    }
+
+    /// The limits on the port's connections.
+    pub fn connection_limits(&self) -> crate::ConnectionLimits {
+        crate::ConnectionLimits {
+            max_connections: self.max_connections,
+            idle_timeout: Duration::from_secs_f64(self.idle_timeout_secs),
+            max_streams_per_connection: self.max_streams_per_connection,
         }
     }
 

@@ -31,11 +31,20 @@ pub struct Limits {
     pub max_concurrent_requests: usize,
     /// Largest request body, in bytes.
     pub max_request_bytes: usize,
+    /// Calls open at once, from their request to the last byte of their
+    /// answer: streams (a watch, an execution's events, an SSE follower)
+    /// count for as long as they stay open. One more is refused at once.
+    pub max_open_calls: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { request_timeout: Duration::from_secs(60), max_concurrent_requests: 10_000, max_request_bytes: 1 << 20 }
+        Self {
+            request_timeout: Duration::from_secs(60),
+            max_concurrent_requests: 10_000,
+            max_request_bytes: 1 << 20,
+            max_open_calls: 10_000,
+        }
     }
 }
 
@@ -63,11 +72,39 @@ fn request_id_of(headers: &HeaderMap) -> Option<String> {
 /// The request id of a gRPC call: `given` (the request body's own) when
 /// not empty, else the one the stack set on the call (`x-request-id`, the
 /// client's or a fresh one), so that a call has one id from the edge on.
-pub fn call_request_id(metadata: &tonic::metadata::MetadataMap, given: &str) -> String {
+/// A body's id is held to what a header's must be ([`check_request_id`]):
+/// `INVALID_ARGUMENT` otherwise.
+pub fn call_request_id(metadata: &tonic::metadata::MetadataMap, given: &str) -> Result<String, tonic::Status> {
     if !given.is_empty() {
-        return given.to_owned();
+        check_request_id(given).map_err(tonic::Status::invalid_argument)?;
+        return Ok(given.to_owned());
     }
-    request_id_of(metadata.as_ref()).filter(|id| !id.is_empty()).unwrap_or_else(new_request_id)
+    Ok(request_id_of(metadata.as_ref()).filter(|id| !id.is_empty()).unwrap_or_else(new_request_id))
+}
+
+/// Longest request id kept, from a header or a body.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// A request id taken from a body or a path is what a client's
+/// `x-request-id` must be: 1-128 visible ASCII characters, so that it can
+/// never forge a log line or fill one. The error never quotes the id.
+pub fn check_request_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("request_id is empty".into());
+    }
+    if id.len() > MAX_REQUEST_ID_LEN {
+        return Err(format!(
+            "request_id is {} bytes long; at most {MAX_REQUEST_ID_LEN} visible ASCII characters are accepted",
+            id.len()
+        ));
+    }
+    if let Some(at) = id.bytes().position(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "request_id holds a space, a control or a non-ASCII character at byte {at}; \
+             only visible ASCII characters are accepted"
+        ));
+    }
+    Ok(())
 }
 
 /// The deadline a gRPC client gave its call (`grpc-timeout`), if any.
@@ -78,7 +115,7 @@ pub fn call_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration>
 /// A client's id is kept when it is 1-128 visible ASCII characters.
 fn acceptable_request_id(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();
-    !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+    !bytes.is_empty() && bytes.len() <= MAX_REQUEST_ID_LEN && bytes.iter().all(|b| b.is_ascii_graphic())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +172,8 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
         .merge(grpc)
         .fallback(crate::grpc::not_found)
         .layer(GlobalConcurrencyLimitLayer::new(limits.max_concurrent_requests.max(1)))
-        .layer(middleware::from_fn_with_state(limits.request_timeout, deadline));
+        .layer(middleware::from_fn_with_state(limits.request_timeout, deadline))
+        .layer(middleware::from_fn_with_state(OpenCalls::new(limits.max_open_calls), open_calls));
     let app =
         if agentmesh_telemetry::exporting() { app.layer(agentmesh_telemetry::rpc::ServerTraceLayer) } else { app };
     app.layer(middleware::from_fn(log_rejections))
@@ -147,6 +185,75 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
             }
             request
         }))
+}
+
+/// The slots of open calls ([`Limits::max_open_calls`]).
+#[derive(Clone)]
+struct OpenCalls {
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+impl OpenCalls {
+    fn new(limit: usize) -> Self {
+        let limit = limit.max(1);
+        Self { slots: std::sync::Arc::new(tokio::sync::Semaphore::new(limit)), limit }
+    }
+}
+
+/// Whether a path is a probe: never counted or refused, so that an
+/// overloaded service can still say so.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/grpc.health.v1.Health/")
+}
+
+/// Holds a slot from the request until the answer's last byte (or until
+/// the client goes away), streams included; refuses a call over the count
+/// at once: `RESOURCE_EXHAUSTED` for gRPC, `503` with the REST error body.
+async fn open_calls(State(open): State<OpenCalls>, request: Request, next: Next) -> Response {
+    if is_probe(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let Ok(slot) = open.slots.clone().try_acquire_owned() else {
+        let message =
+            format!("{} calls are open on this service, streams included (max_open_calls); retry shortly", open.limit);
+        if is_grpc(request.headers()) {
+            return tonic::Status::resource_exhausted(message).into_http();
+        }
+        let request_id = request_id_of(request.headers()).unwrap_or_default();
+        let body = error_body("overloaded", &message, Some(json!({"max_open_calls": open.limit})), &request_id);
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    };
+    next.run(request).await.map(|body| axum::body::Body::new(Holding { inner: body, _slot: slot }))
+}
+
+pin_project_lite::pin_project! {
+    /// An answer's body holding its call's slot until it is dropped.
+    struct Holding {
+        #[pin]
+        inner: axum::body::Body,
+        _slot: tokio::sync::OwnedSemaphorePermit,
+    }
+}
+
+impl http_body::Body for Holding {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Most refused requests logged per second; the rest are counted and the
@@ -297,21 +404,51 @@ async fn payload_too_large(State(limit): State<usize>, request: Request, next: N
     (StatusCode::PAYLOAD_TOO_LARGE, axum::Json(body)).into_response()
 }
 
-/// A gRPC message over a service's decoding limit: tonic says
-/// `OUT_OF_RANGE`; gRPC's convention is `RESOURCE_EXHAUSTED`, and the
-/// caller is told which setting to raise.
+/// The start of the message tonic gives a request it cannot decode (a
+/// `Struct` nested past the decoder's recursion limit among them).
+const TONIC_UNDECODABLE: &str = "failed to decode Protobuf message";
+
+/// Longest gRPC status message sent: far below the 16 KiB of headers a
+/// client reads by default (a longer one arrives as `RESOURCE_EXHAUSTED`,
+/// its own message lost).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 4096;
+
+/// Fixes the statuses gRPC clients would misread:
+/// - a message over the decoding limit: tonic says `OUT_OF_RANGE`; gRPC's
+///   convention is `RESOURCE_EXHAUSTED`, and the caller is told which
+///   setting to raise;
+/// - a request tonic cannot decode is the client's error: `INVALID_ARGUMENT`
+///   (tonic says `INTERNAL`), saying how deep JSON values may nest;
+/// - a message longer than [`MAX_STATUS_MESSAGE_BYTES`] is cut, saying so.
 async fn grpc_too_large(State(limit): State<usize>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    let too_large = tonic::Status::from_header_map(response.headers())
-        .is_some_and(|s| s.code() == tonic::Code::OutOfRange && s.message().starts_with(TONIC_TOO_LARGE));
-    if !too_large {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else { return response };
+    let fixed = if status.code() == tonic::Code::OutOfRange && status.message().starts_with(TONIC_TOO_LARGE) {
+        tonic::Status::resource_exhausted(format!(
+            "the request is larger than this service accepts ({limit} bytes); send a smaller one, or raise the \
+             service's max_request_bytes"
+        ))
+    } else if status.code() == tonic::Code::Internal && status.message().starts_with(TONIC_UNDECODABLE) {
+        tonic::Status::invalid_argument(format!(
+            "the request could not be decoded ({}); JSON values (google.protobuf.Struct) may nest objects and \
+             arrays at most {} levels deep",
+            status.message(),
+            agentmesh_core::validate::MAX_JSON_DEPTH
+        ))
+    } else if status.message().len() > MAX_STATUS_MESSAGE_BYTES {
+        let cut = status.message().floor_char_boundary(MAX_STATUS_MESSAGE_BYTES - 64);
+        let message = format!("{}… ({} more bytes not shown)", &status.message()[..cut], status.message().len() - cut);
+        tonic::Status::with_details(status.code(), message, status.details().to_vec().into())
+    } else {
         return response;
+    };
+    let (mut parts, body) = response.into_parts();
+    let (fixed_parts, _) = fixed.into_http::<axum::body::Body>().into_parts();
+    for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+        parts.headers.remove(name);
     }
-    tonic::Status::resource_exhausted(format!(
-        "the request is larger than this service accepts ({limit} bytes); send a smaller one, or raise the service's \
-         max_request_bytes"
-    ))
-    .into_http()
+    parts.headers.extend(fixed_parts.headers);
+    Response::from_parts(parts, body)
 }
 
 #[cfg(test)]

@@ -42,6 +42,11 @@ pub trait OrchestrationLog: Send + Sync + 'static {
         limit: i64,
         now_ms: i64,
     ) -> StoreResult<Vec<OrchestrationEvent>>;
+    /// Claims `request_id` for a new orchestration, atomically across every
+    /// gateway sharing the database: `true` when no orchestration had it,
+    /// `false` when one has (kept `retention` from now). The claim is a row
+    /// at sequence 0, which readers (from sequence 1) never see.
+    async fn claim(&self, request_id: &str, now_ms: i64, retention: Duration) -> StoreResult<bool>;
     /// Deletes expired events; returns how many.
     async fn purge_expired(&self, now_ms: i64) -> StoreResult<u64>;
     /// Checks that the database answers.
@@ -96,6 +101,20 @@ impl OrchestrationLog for crate::SqlStore {
         }
         on_pool!(&self.db, pool => insert(events, retention).build().execute(pool).await?.rows_affected());
         Ok(())
+    }
+
+    async fn claim(&self, request_id: &str, now_ms: i64, retention: Duration) -> StoreResult<bool> {
+        let claim = [OrchestrationEvent {
+            request_id: request_id.to_owned(),
+            sequence: 0,
+            round: 0,
+            kind: "claimed".into(),
+            data: "{}".into(),
+            created_at_ms: now_ms,
+        }];
+        let inserted =
+            on_pool!(&self.db, pool => insert(&claim, retention).build().execute(pool).await?.rows_affected());
+        Ok(inserted == 1)
     }
 
     async fn events_after(

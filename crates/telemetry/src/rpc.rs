@@ -200,7 +200,12 @@ fn client_span<B>(request: &mut http::Request<B>) -> Option<Span> {
         return None;
     }
     let (service, method) = rpc_name(&path);
-    let authority = request.uri().authority().map(ToString::to_string).unwrap_or_default();
+    // Host and port only: never the user info an address may carry.
+    let authority = request
+        .uri()
+        .authority()
+        .map(|a| a.port().map_or_else(|| a.host().to_owned(), |port| format!("{}:{port}", a.host())))
+        .unwrap_or_default();
     let span = tracing::info_span!(
         "grpc.client",
         otel.name = %format_args!("{service}/{method}"),

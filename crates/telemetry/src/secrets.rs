@@ -7,24 +7,40 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// Query parameters that carry a secret: libpq's passwords, and the API
-/// keys and tokens some services take in the URL.
-const SECRET_PARAMETERS: [&str; 9] =
-    ["password", "sslpassword", "key", "api_key", "apikey", "api-key", "token", "access_token", "secret"];
+/// keys, tokens and signatures some services take in the URL.
+const SECRET_PARAMETERS: [&str; 6] = ["key", "apikey", "api-key", "sig", "signature", "auth"];
 
-/// A URL with its secrets replaced by `***`, for logs and printed
-/// configuration: the user-info password, and query parameters such as
-/// `password=` or `key=` alike.
+/// Whether a query parameter named `name` carries a secret: the names in
+/// [`SECRET_PARAMETERS`] and any a setting would be hidden for
+/// (`password`, `sslpassword`, `access_token`, `client_secret`, `api_key`…).
+fn secret_parameter(name: &str) -> bool {
+    SECRET_PARAMETERS.iter().any(|s| name.eq_ignore_ascii_case(s))
+        || names_a_secret(name)
+        || name.to_ascii_lowercase().ends_with("password")
+}
+
+/// A URL with its secrets replaced by `***`, for logs, spans, errors and
+/// printed configuration: the user-info password, and query parameters such
+/// as `password=`, `key=` or `access_token=` alike. The user name stays (it
+/// says which account is used); anything after `#` is dropped.
 pub fn redact(url: &str) -> String {
+    let url = url.split_once('#').map_or(url, |(url, _)| url);
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (url, None),
     };
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => match base[scheme + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &base[..scheme + 3], &base[at..]),
-            None => base.to_owned(),
-        },
-        _ => base.to_owned(),
+    // The user info ends at the last `@` of the authority, which ends at the
+    // first `/` after the scheme: an `@` in the path is not user info.
+    let base = match base.find("://") {
+        Some(scheme) => {
+            let rest = &base[scheme + 3..];
+            let authority = rest.find('/').map_or(rest, |slash| &rest[..slash]);
+            match authority.rfind('@').and_then(|at| authority[..at].split_once(':').map(|(user, _)| (user, at))) {
+                Some((user, at)) => format!("{}{user}:***{}", &base[..scheme + 3], &rest[at..]),
+                None => base.to_owned(),
+            }
+        }
+        None => base.to_owned(),
     };
     match query {
         None => base,
@@ -32,15 +48,69 @@ pub fn redact(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if SECRET_PARAMETERS.iter().any(|s| key.eq_ignore_ascii_case(s)) => {
-                        format!("{key}=***")
-                    }
+                    Some((key, _)) if secret_parameter(key) => format!("{key}=***"),
                     _ => pair.to_owned(),
                 })
                 .collect();
             format!("{base}?{}", query.join("&"))
         }
     }
+}
+
+/// [`redact`] without a copy for the usual URL, which has no user info, no
+/// query and no fragment: for hot paths that show many addresses.
+pub fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
+    if url.contains(['@', '?', '#']) { std::borrow::Cow::Owned(redact(url)) } else { std::borrow::Cow::Borrowed(url) }
+}
+
+/// The secret parts of a URL as they may appear in a text: the user-info
+/// password and the values of secret query parameters, as written and
+/// percent-decoded. What [`scrub`] hides in texts that may echo the URL.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let Ok(parsed) = reqwest::Url::parse(url) else { return Vec::new() };
+    let mut secrets = Vec::new();
+    if let Some(password) = parsed.password() {
+        secrets.push(password.to_owned());
+    }
+    for pair in parsed.query().unwrap_or_default().split('&') {
+        if let Some((name, value)) = pair.split_once('=')
+            && secret_parameter(name)
+        {
+            secrets.push(value.to_owned());
+        }
+    }
+    for (name, value) in parsed.query_pairs() {
+        if secret_parameter(&name) {
+            secrets.push(value.into_owned());
+        }
+    }
+    if let Some(password) = parsed.password() {
+        secrets.push(percent_encoding::percent_decode_str(password).decode_utf8_lossy().into_owned());
+    }
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort();
+    secrets.dedup();
+    secrets
+}
+
+/// Secrets shorter than this are not hidden in free text: they would hide
+/// ordinary words and numbers (and are no secret worth the name).
+const SHORTEST_SCRUBBED: usize = 4;
+
+/// `text` with every occurrence of each of `secrets` replaced by `***`: for
+/// texts a server wrote (an error body that echoes the API key) or that
+/// quote a URL, before they reach a log, a span, an error or a store.
+pub fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut text = text.to_owned();
+    // Longest first, so that a secret containing another is hidden whole.
+    let mut secrets: Vec<&String> = secrets.iter().filter(|s| s.len() >= SHORTEST_SCRUBBED).collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for secret in secrets {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "***");
+        }
+    }
+    text
 }
 
 /// Whether a setting named `key` holds a secret: `api_key`, `password`,
@@ -120,6 +190,25 @@ mod tests {
             redact("https://u:secret@llm.internal/v1?key=secret&model=m&access_token=secret"),
             "https://u:***@llm.internal/v1?key=***&model=m&access_token=***"
         );
+        // An `@` in the path is not user info; a fragment is dropped.
+        assert_eq!(redact("https://h/a@b:c/d?x=1#frag"), "https://h/a@b:c/d?x=1");
+        assert_eq!(redact("http://u:pw@h/p@q"), "http://u:***@h/p@q");
+        assert_eq!(
+            redact("https://h/v1?client_secret=s&x-api-key=k&Signature=s2&page=2"),
+            "https://h/v1?client_secret=***&x-api-key=***&Signature=***&page=2"
+        );
+    }
+
+    #[test]
+    fn the_secrets_of_a_url_are_found_and_scrubbed_from_text() {
+        let url = "https://user:p%40ss-word@llm.internal/v1?api_key=k3y-value&model=m";
+        let secrets = url_secrets(url);
+        assert_eq!(secrets, ["k3y-value", "p%40ss-word", "p@ss-word"]);
+        let echoed = "bad request for https://llm.internal/v1?api_key=k3y-value (password p@ss-word)";
+        assert_eq!(scrub(echoed, &secrets), "bad request for https://llm.internal/v1?api_key=*** (password ***)");
+        // Short secrets are not hunted in free text.
+        assert_eq!(scrub("a b c", &["b".to_owned()]), "a b c");
+        assert!(url_secrets("not a url").is_empty());
     }
 
     #[test]

@@ -158,7 +158,7 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
     };
     serde_json::json!({
         "id": agent.id,
-        "base_url": agent.base_url,
+        "base_url": agentmesh_server::redact(&agent.base_url),
         "transport": if agent.transport == pb::Transport::Grpc as i32 { "grpc" } else { "http" },
         "version": agent.version,
         "deployment_type": if agent.deployment_type == pb::DeploymentType::Serverless as i32 { "serverless" } else { "long_running" },

@@ -74,14 +74,21 @@ impl DiscoveryGrpc {
                 .agents
                 .iter()
                 .map(|m| {
-                    agent_to_pb(
+                    let mut agent = agent_to_pb(
                         m.record,
                         m.health,
                         m.last_heartbeat,
                         m.reasoners.iter().copied(),
                         m.skills.iter().copied(),
                         detail,
-                    )
+                    );
+                    // A listing shows an agent's address without its
+                    // credentials; `GetAgent` and `WatchCatalog`, which the
+                    // executor calls agents by, carry it as registered.
+                    if let std::borrow::Cow::Owned(shown) = agentmesh_server::redacted(&agent.base_url) {
+                        agent.base_url = shown;
+                    }
+                    agent
                 })
                 .collect(),
             rendered: match (format, now) {
@@ -142,7 +149,7 @@ impl DiscoveryGrpc {
 const DISCOVERED_AT_TAG: u32 = 1;
 
 fn request_id<T>(request: &Request<T>) -> String {
-    agentmesh_server::call_request_id(request.metadata(), "")
+    agentmesh_server::call_request_id(request.metadata(), "").unwrap_or_else(|_| agentmesh_server::new_request_id())
 }
 
 fn health_from_pb(value: i32, field: &str) -> Result<Option<HealthStatus>, DiscoveryError> {

@@ -110,10 +110,17 @@ pub async fn serve_with_listener(
     registry.spawn_background(stop_rx.clone(), config.service.health_check_interval());
     let app = router(registry.clone(), &config, stop_rx).await?;
     tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "discovery listening (gRPC and HTTP)");
-    agentmesh_server::serve("discovery", listener, app, async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    })
+    let limits = config.service.connection_limits();
+    agentmesh_server::serve(
+        "discovery",
+        listener,
+        app,
+        async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        },
+        limits,
+    )
     .await?;
     tracing::info!("discovery stopped");
     Ok(())

@@ -83,7 +83,7 @@ struct Pagination {
 #[derive(Serialize)]
 struct JsonAgent<'a> {
     agent_id: &'a str,
-    base_url: &'a str,
+    base_url: std::borrow::Cow<'a, str>,
     version: &'a str,
     health_status: &'static str,
     deployment_type: &'static str,
@@ -142,7 +142,7 @@ fn json_document<'a>(page: &'a CatalogPage<'a>, q: &CapabilityQuery, now: DateTi
                 let def = &m.record.definition;
                 JsonAgent {
                     agent_id: &def.id,
-                    base_url: &def.base_url,
+                    base_url: agentmesh_server::redacted(&def.base_url),
                     version: &def.version,
                     health_status: m.health.as_str(),
                     deployment_type: def.deployment_type.as_str(),
@@ -226,7 +226,7 @@ fn xml_document(page: &CatalogPage<'_>, q: &CapabilityQuery, now: DateTime<Utc>)
             x,
             r#"    <agent id="{}" base_url="{}" version="{}" health_status="{}" deployment_type="{}" last_heartbeat="{}">"#,
             xml_escape(&def.id),
-            xml_escape(&def.base_url),
+            xml_escape(&agentmesh_server::redacted(&def.base_url)),
             xml_escape(&def.version),
             m.health.as_str(),
             def.deployment_type.as_str(),
@@ -328,7 +328,7 @@ pub fn agent_json(record: &AgentRecord, health: HealthStatus) -> Value {
     };
     serde_json::json!({
         "id": def.id,
-        "base_url": def.base_url,
+        "base_url": agentmesh_server::redact(&def.base_url),
         "transport": def.transport.as_str(),
         "version": def.version,
         "deployment_type": def.deployment_type.as_str(),

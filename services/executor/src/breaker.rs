@@ -86,6 +86,20 @@ impl Breakers {
         }
     }
 
+    /// Forgets a probe that will never be recorded (its step was cancelled
+    /// or its task dropped): the circuit goes back to open with the
+    /// cooldown over, so that the next call is the new probe, instead of
+    /// staying half-open for good.
+    pub fn abandon(&self, agent: &str, admission: Admission) {
+        if !admission.probe || self.threshold == 0 {
+            return;
+        }
+        let mut agents = self.agents.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(state @ State::HalfOpen) = agents.get_mut(agent) {
+            *state = State::Open { until: Instant::now() };
+        }
+    }
+
     /// Records a call's outcome; `agent_fault` is false for answers that
     /// say nothing of the agent's health (a 4xx is the caller's problem).
     /// Returns the circuit's new state.
@@ -114,9 +128,54 @@ impl Breakers {
     }
 }
 
+/// A call let through, recorded when it ends: dropped unrecorded (the
+/// step cancelled mid-call), its probe is abandoned ([`Breakers::abandon`]).
+pub struct Admitted<'a> {
+    breakers: &'a Breakers,
+    agent: &'a str,
+    admission: Option<Admission>,
+}
+
+impl<'a> Admitted<'a> {
+    /// Lets a call to `agent` through, or says why not.
+    pub fn new(breakers: &'a Breakers, agent: &'a str) -> Result<Self, String> {
+        Ok(Self { breakers, agent, admission: Some(breakers.admit(agent)?) })
+    }
+
+    /// Records the outcome ([`Breakers::record`]).
+    pub fn record(mut self, agent_fault: bool) -> Circuit {
+        match self.admission.take() {
+            Some(admission) => self.breakers.record(self.agent, admission, agent_fault),
+            None => Circuit::Closed,
+        }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(admission) = self.admission.take() {
+            self.breakers.abandon(self.agent, admission);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abandoned_probe_frees_the_half_open_circuit() {
+        let breakers = Breakers::new(1, Duration::from_millis(5));
+        let call = Admitted::new(&breakers, "x").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(call.record(true), Circuit::Open);
+        std::thread::sleep(Duration::from_millis(10));
+        let probe = Admitted::new(&breakers, "x").unwrap_or_else(|e| panic!("{e}"));
+        assert!(Admitted::new(&breakers, "x").is_err(), "one probe at a time");
+        // The step is cancelled mid-call: its probe is never recorded.
+        drop(probe);
+        let next = Admitted::new(&breakers, "x").unwrap_or_else(|e| panic!("the circuit stayed half-open: {e}"));
+        assert_eq!(next.record(false), Circuit::Closed);
+    }
 
     #[test]
     fn opens_after_consecutive_failures_and_closes_after_a_good_probe() {

@@ -165,13 +165,16 @@ impl Catalog {
         }
     }
 
-    /// The agent as discovery holds it now.
+    /// The agent as discovery holds it now (asked within [`LOOKUP_TIMEOUT`]
+    /// when the catalog stream has not brought it).
     pub async fn agent(&self, agent_id: &str) -> Result<Arc<AgentEntry>, LookupError> {
         if let Some(entry) = self.agents.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(agent_id) {
             return Ok(entry.clone());
         }
         let mut client = self.discovery.clone();
-        match client.get_agent(pb::GetAgentRequest { agent_id: agent_id.to_owned() }).await {
+        let mut request = tonic::Request::new(pb::GetAgentRequest { agent_id: agent_id.to_owned() });
+        request.set_timeout(LOOKUP_TIMEOUT);
+        match client.get_agent(request).await {
             Ok(answer) => match answer.into_inner().agent {
                 Some(agent) => {
                     let entry = Arc::new(AgentEntry::from_pb(&agent));
@@ -187,6 +190,9 @@ impl Catalog {
         }
     }
 }
+
+/// Longest wait for discovery's answer about one agent: a step waits on it.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The target of a step, or why it may not be called: the agent must be
 /// registered, not the caller itself, and offer the capability, which must

@@ -147,6 +147,16 @@ impl ExecutorConfig {
         anyhow::ensure!(self.max_concurrent_steps >= 1, "max_concurrent_steps must be at least 1");
         anyhow::ensure!(self.max_concurrent_executions >= 1, "max_concurrent_executions must be at least 1");
         anyhow::ensure!(self.max_steps_per_plan >= 1, "max_steps_per_plan must be at least 1");
+        anyhow::ensure!(
+            self.replan_budget <= agentmesh_core::execution::MAX_REPLAN_BUDGET,
+            "replan_budget must be at most {}",
+            agentmesh_core::execution::MAX_REPLAN_BUDGET
+        );
+        anyhow::ensure!(
+            self.max_concurrency <= agentmesh_core::execution::MAX_EXECUTION_CONCURRENCY,
+            "max_concurrency must be at most {}",
+            agentmesh_core::execution::MAX_EXECUTION_CONCURRENCY
+        );
         anyhow::ensure!(self.max_output_bytes >= 1024, "max_output_bytes must be at least 1024");
         agentmesh_server::check_min_secs("circuit_open_secs", self.circuit_open_secs, 0.001)?;
         agentmesh_server::check_min_secs("lease_secs", self.lease_secs, 0.1)?;

@@ -99,6 +99,18 @@ impl ExecutorGrpc {
             max_retries: options.max_retries.unwrap_or(defaults.max_retries),
             replan_budget: options.replan_budget.unwrap_or(defaults.replan_budget),
         };
+        if options.replan_budget > agentmesh_core::execution::MAX_REPLAN_BUDGET {
+            return Err(invalid(
+                "options.replan_budget",
+                format!("at most {}", agentmesh_core::execution::MAX_REPLAN_BUDGET),
+            ));
+        }
+        if options.max_concurrency > agentmesh_core::execution::MAX_EXECUTION_CONCURRENCY {
+            return Err(invalid(
+                "options.max_concurrency",
+                format!("at most {}", agentmesh_core::execution::MAX_EXECUTION_CONCURRENCY),
+            ));
+        }
         if options.max_retries > 100 {
             return Err(invalid("options.max_retries", "at most 100"));
         }
@@ -164,7 +176,7 @@ impl ExecutorService for ExecutorGrpc {
     type ExtendExecutionStream = EventStream<pb::ExtendExecutionResponse>;
 
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let incoming = incoming_traceparent(request.metadata());
         let mut accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
         if accepted.traceparent.is_empty() {

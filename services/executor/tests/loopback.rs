@@ -35,10 +35,24 @@ async fn setup(
     replies: Vec<ScriptedReply>,
     reviews: Vec<Answer>,
 ) -> Option<(Mesh, FakeAgent, ScriptedLlmServer)> {
+    setup_with(backend, replies, reviews, |_| {}).await
+}
+
+/// [`setup`], the executor's configuration adjusted first.
+async fn setup_with(
+    backend: Backend,
+    replies: Vec<ScriptedReply>,
+    reviews: Vec<Answer>,
+    adjust: impl FnOnce(&mut agentmesh_executor::ExecutorConfig),
+) -> Option<(Mesh, FakeAgent, ScriptedLlmServer)> {
     let llm = ScriptedLlmServer::start(replies).await.unwrap();
     let planner_listener = bind_local().await.unwrap();
     let planner_url = format!("http://{}", planner_listener.local_addr().unwrap());
-    let mesh = Mesh::start_with(backend, |c| c.planner_url = Some(planner_url)).await?;
+    let mesh = Mesh::start_with(backend, |c| {
+        c.planner_url = Some(planner_url);
+        adjust(c);
+    })
+    .await?;
     let planner_db = agentmesh_testkit::TestDatabase::sqlite();
     let config = PlannerConfig {
         discovery_url: mesh.discovery.url(),
@@ -211,7 +225,41 @@ async fn collaborations_extend_a_finished_execution_through_the_planner(backend:
     assert!(refused.message().contains("ghost:x"), "{}", refused.message());
 }
 
+async fn an_extension_past_max_steps_per_plan_is_rejected(backend: Backend) {
+    let Some((mesh, agent, _llm)) =
+        setup_with(backend, vec![fix_plan()], vec![asks("Fix SQL injection in auth.py:45")], |c| {
+            c.max_steps_per_plan = 1;
+        })
+        .await
+    else {
+        return;
+    };
+    let events =
+        mesh.run_request(with_budget(plan(vec![step("s1", "reviewer", "review", json!({}), &[])]), 3)).await.unwrap();
+    assert_complete_log(&events);
+    let rejected = event_for(&events, Kind::ReplanRejected, "s1");
+    assert!(
+        rejected.error.contains("would have 2 steps; this executor accepts at most 1 (max_steps_per_plan)"),
+        "{}",
+        rejected.error
+    );
+    assert_eq!(events.last().unwrap().kind, Kind::ExecutionCompleted as i32);
+    assert!(agent.calls_to("fix").is_empty());
+}
+
+async fn a_replan_budget_past_the_ceiling_is_refused(backend: Backend) {
+    let Some((mesh, _agent, _llm)) = setup(backend, vec![], vec![]).await else { return };
+    let refused = mesh
+        .run_request(with_budget(plan(vec![step("s1", "reviewer", "review", json!({}), &[])]), 11))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("options.replan_budget: at most 10"), "{}", refused.message());
+}
+
 agentmesh_testkit::both_backends!(
+    an_extension_past_max_steps_per_plan_is_rejected,
+    a_replan_budget_past_the_ceiling_is_refused,
     collaborations_extend_a_finished_execution_through_the_planner,
     a_collaboration_request_extends_the_plan_and_runs,
     repeats_and_an_exhausted_budget_are_rejected_without_failing_the_step,

@@ -19,10 +19,15 @@ use crate::metrics::Metrics;
 /// The most events written in one statement.
 const BATCH: usize = 500;
 
+/// Messages waiting for the writer at most: past that the store is far
+/// behind, and further messages are counted as lost rather than held.
+const QUEUE: usize = 10_000;
+
 /// Hands messages to the background writer.
 #[derive(Clone)]
 pub struct EventWriter {
-    tx: mpsc::UnboundedSender<OrchestrationEvent>,
+    tx: mpsc::Sender<OrchestrationEvent>,
+    metrics: Arc<Metrics>,
 }
 
 /// A message in its stored (and SSE) form.
@@ -46,7 +51,8 @@ pub fn is_last(kind: &str) -> bool {
 impl EventWriter {
     /// Starts the writer.
     pub fn spawn(log: Arc<dyn OrchestrationLog>, retention: Duration, metrics: Arc<Metrics>) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<OrchestrationEvent>();
+        let (tx, mut rx) = mpsc::channel::<OrchestrationEvent>(QUEUE);
+        let counted = metrics.clone();
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(BATCH);
             while let Some(first) = rx.recv().await {
@@ -68,12 +74,17 @@ impl EventWriter {
                 batch.clear();
             }
         });
-        Self { tx }
+        Self { tx, metrics: counted }
     }
 
-    /// Queues a message for the store.
+    /// Queues a message for the store; when the store is too far behind,
+    /// the message is counted as lost (the stream itself goes on).
     pub fn record(&self, message: &pb::OrchestrateResponse) {
-        let _ = self.tx.send(stored(message));
+        if let Err(mpsc::error::TrySendError::Full(event)) = self.tx.try_send(stored(message)) {
+            self.metrics.events_lost.inc();
+            tracing::debug!(request_id = %event.request_id, sequence = event.sequence,
+                "the orchestration event log is {QUEUE} messages behind; this one is not kept");
+        }
     }
 }
 

@@ -129,6 +129,7 @@ pub async fn serve_with_listener(
         metrics: metrics.clone(),
         events,
         log: log.clone(),
+        retention,
         resume_grace: Duration::from_secs_f64(config.resume_grace_secs),
         followers: std::sync::Mutex::new(std::collections::HashMap::new()),
     });

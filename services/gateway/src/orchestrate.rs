@@ -39,6 +39,10 @@ pub struct Clients {
 /// Recovery rounds when the request sets no `review_budget`.
 pub const DEFAULT_REVIEW_BUDGET: u32 = 1;
 
+/// Most recovery rounds a request may ask for: each one is a replan, new
+/// steps, a synthesis and a review.
+pub const MAX_REVIEW_BUDGET: u32 = 10;
+
 /// Why an orchestration stopped before its final answer.
 #[derive(Debug)]
 enum Stop {

@@ -214,6 +214,11 @@ pub async fn orchestrate(
         Ok(request) => request,
         Err(message) => return error(StatusCode::BAD_REQUEST, "validation_failed", &message, None, &request_id),
     };
+    if !request.request_id.is_empty()
+        && let Err(message) = agentmesh_server::check_request_id(&request.request_id)
+    {
+        return error(StatusCode::BAD_REQUEST, "validation_failed", &message, None, &request_id);
+    }
     let request = pb::OrchestrateRequest {
         request_id: if request.request_id.is_empty() { request_id.clone() } else { request.request_id },
         ..request
@@ -286,6 +291,16 @@ pub struct ResumeQuery {
 }
 
 async fn resume_stream(shared: &Arc<Shared>, request_id: String, after: i64) -> Response {
+    // The id is quoted in answers and logs: held to what a header's must be.
+    if let Err(message) = agentmesh_server::check_request_id(&request_id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "validation_failed",
+            &message,
+            None,
+            &agentmesh_server::new_request_id(),
+        );
+    }
     if !shared.known(&request_id).await {
         let message = format!(
             "no orchestration `{request_id}` is kept (messages are kept for event_retention_secs after they are sent)"

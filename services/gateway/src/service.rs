@@ -32,6 +32,8 @@ pub struct Shared {
     pub events: EventWriter,
     /// Where the messages are stored.
     pub log: Arc<dyn OrchestrationLog>,
+    /// How long messages (and a request id's claim) are kept.
+    pub retention: Duration,
     /// How long an SSE orchestration waits for its client to come back.
     pub resume_grace: Duration,
     /// Resumed streams following each request id, in this process.
@@ -140,11 +142,35 @@ impl Shared {
                 self.max_query_chars
             )));
         }
+        if let Some(budget) = request.review_budget.filter(|b| *b > crate::orchestrate::MAX_REVIEW_BUDGET) {
+            return Err(Status::invalid_argument(format!(
+                "review_budget is {budget}; at most {} recovery rounds are allowed",
+                crate::orchestrate::MAX_REVIEW_BUDGET
+            )));
+        }
+        if let Some(context) = request.options.as_ref().and_then(|o| o.context.as_ref()) {
+            // Forwarded inside the planner's request: it must decode there too.
+            agentmesh_core::validate::check_json_depth(&agentmesh_proto::json::from_struct(context))
+                .map_err(|e| Status::invalid_argument(format!("options.context {e}")))?;
+        }
         if request.request_id.is_empty() {
             // Callers pass the id the stack gave the call; this is for callers without one.
             request.request_id = agentmesh_server::new_request_id();
         }
-        if self.known(&request.request_id).await {
+        // Without the log the orchestration still streams (it cannot be
+        // resumed, as with every message the log fails to keep).
+        let claimed = match self
+            .log
+            .claim(&request.request_id, chrono::Utc::now().timestamp_millis(), self.retention)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::warn!(request_id = %request.request_id, error = %e, "could not claim the request id in the orchestration event log");
+                true
+            }
+        };
+        if !claimed {
             return Err(Status::already_exists(format!(
                 "request id `{}` belongs to an orchestration already; resume its stream with Last-Event-ID \
                  (GET /api/v1/orchestrations/{}/events) or send a new request id",
@@ -171,10 +197,11 @@ impl Shared {
 }
 
 impl Shared {
-    /// Whether an orchestration with this request id has stored messages.
+    /// Whether an orchestration with this request id was started (its
+    /// claim, at sequence 0, counts: its first message may not be stored yet).
     pub async fn known(&self, request_id: &str) -> bool {
         let now = chrono::Utc::now().timestamp_millis();
-        self.log.events_after(request_id, 0, 1, now).await.is_ok_and(|rows| !rows.is_empty())
+        self.log.events_after(request_id, -1, 1, now).await.is_ok_and(|rows| !rows.is_empty())
     }
 }
 
@@ -195,7 +222,7 @@ impl GatewayService for GatewayGrpc {
         request: Request<pb::OrchestrateRequest>,
     ) -> Result<Response<Self::OrchestrateStream>, Status> {
         let timeout = agentmesh_server::call_timeout(request.metadata());
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let started = self.shared.start(pb::OrchestrateRequest { request_id, ..request.into_inner() }, timeout).await?;
         let stream: Messages = Box::pin(ReceiverStream::new(started.messages).map(Ok));
         let mut response = Response::new(stream);

@@ -128,7 +128,7 @@ impl PlannerService for PlannerGrpc {
         request: Request<pb::CreatePlanRequest>,
     ) -> Result<Response<pb::CreatePlanResponse>, Status> {
         let started = Instant::now();
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let r = request.into_inner();
         if r.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
@@ -184,7 +184,7 @@ impl PlannerService for PlannerGrpc {
 
     async fn replan(&self, request: Request<pb::ReplanRequest>) -> Result<Response<pb::ReplanResponse>, Status> {
         let started = Instant::now();
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let r = request.into_inner();
         let Some(collab) = r.collaboration else {
             return Err(Status::invalid_argument("collaboration is required"));

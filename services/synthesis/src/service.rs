@@ -380,7 +380,7 @@ impl SynthesisService for SynthesisGrpc {
         request: Request<pb::SynthesizeRequest>,
     ) -> Result<Response<Self::SynthesizeStream>, Status> {
         let started = Instant::now();
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {
@@ -417,7 +417,7 @@ impl SynthesisService for SynthesisGrpc {
 
     async fn review(&self, request: Request<pb::ReviewRequest>) -> Result<Response<pb::ReviewResponse>, Status> {
         let started = Instant::now();
-        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id);
+        let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {

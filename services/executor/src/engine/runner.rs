@@ -447,6 +447,14 @@ impl Runner {
         }
         let mut extended = self.state.plan();
         extended.steps.extend(steps.iter().cloned());
+        let max_steps = self.engine.settings.max_steps;
+        if extended.steps.len() > max_steps {
+            let reason = format!(
+                "the execution would have {} steps; this executor accepts at most {max_steps} (max_steps_per_plan)",
+                extended.steps.len()
+            );
+            return self.reject(&step_id, collaboration, reason).await;
+        }
         if let Err(errors) = check_structure(&extended) {
             let problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
             let reason = format!("the planner's steps do not fit the plan: {}", problems.join("; "));

@@ -114,7 +114,7 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         }
     };
     let target = target_of(&agent, &job.capability, &job.callers).map_err(Failure::fatal)?;
-    let admission = engine.breakers.admit(&job.agent).map_err(Failure::fatal)?;
+    let admitted = crate::breaker::Admitted::new(&engine.breakers, &job.agent).map_err(Failure::fatal)?;
     let _permit = engine.step_permits.acquire().await.map_err(|_| Failure::fatal("the executor is stopping"))?;
     let call = Call {
         target: &target,
@@ -131,9 +131,17 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         agentmesh_core::Transport::Http => &engine.http,
         agentmesh_core::Transport::Grpc => &engine.grpc,
     };
-    let result = transport.invoke(&call).await;
+    // A step error names the agent's address: never with its password or
+    // a secret query parameter, whatever the transport wrote.
+    let result = transport.invoke(&call).await.map_err(|mut failure| {
+        failure.message = agentmesh_telemetry::secrets::scrub(
+            &failure.message,
+            &agentmesh_telemetry::secrets::url_secrets(&target.base_url),
+        );
+        failure
+    });
     let fault = result.as_ref().err().is_some_and(|f| f.agent_fault);
-    let circuit = engine.breakers.record(&job.agent, admission, fault);
+    let circuit = admitted.record(fault);
     engine.metrics.circuit.with_label_values(&[&job.agent]).set(circuit.gauge());
     let reply = result?;
     if let Some(schema) = &target.output_schema {
