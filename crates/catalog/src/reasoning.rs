@@ -43,7 +43,7 @@ impl Reasoning {
         let log = agentmesh_store::connect_interaction_log(&service.database_url)
             .await
             .context("opening the interaction log")?;
-        let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", discovery_url)?;
+        let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", discovery_url, &service.client_tls()?)?;
         tracing::info!(llm = %llm.llm, "the model is {}", llm.llm);
         Ok(Self {
             llm: chain,

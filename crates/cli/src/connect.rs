@@ -11,8 +11,12 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
     if !url.contains("://") {
         anyhow::bail!("`{url}` has no scheme: write http://{url} to reach {what} there");
     }
-    let endpoint = Endpoint::from_shared(url.to_owned())
+    let mut endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| anyhow::anyhow!("`{url}` is not a valid {what} address: {}", root_cause(&e)))?;
+    if url.starts_with("https://") {
+        agentmesh_telemetry::http::install_tls_provider();
+        endpoint = endpoint.tls_config(client_tls()?.config())?;
+    }
     let channel = endpoint.connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {
         match io_kind(&e) {
             Some(std::io::ErrorKind::ConnectionRefused) => anyhow::anyhow!(
@@ -22,6 +26,27 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
         }
     })?;
     Ok(traced(channel))
+}
+
+/// The CLI's TLS to `https://` services: `AGENTMESH_TLS_CA_FILE` trusted
+/// besides the system's roots, and `AGENTMESH_TLS_CERT_FILE` with
+/// `AGENTMESH_TLS_KEY_FILE` presented to services that ask for a client
+/// certificate.
+fn client_tls() -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
+    let read = |var: &str| -> anyhow::Result<Option<Vec<u8>>> {
+        match std::env::var_os(var) {
+            None => Ok(None),
+            Some(path) => std::fs::read(&path)
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("{var}: cannot read {}: {e}", std::path::Path::new(&path).display())),
+        }
+    };
+    let identity = match (read("AGENTMESH_TLS_CERT_FILE")?, read("AGENTMESH_TLS_KEY_FILE")?) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => anyhow::bail!("AGENTMESH_TLS_CERT_FILE and AGENTMESH_TLS_KEY_FILE go together"),
+    };
+    Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem: read("AGENTMESH_TLS_CA_FILE")?, identity })
 }
 
 /// The innermost error's text: the one that says what happened, without

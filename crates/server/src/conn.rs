@@ -4,7 +4,8 @@
 //! connection over the count is closed at once (and logged), never left
 //! waiting in the accept queue; a silent one is closed; a live HTTP/2
 //! connection is pinged, so that a quiet long-lived stream (a catalog
-//! watch, an SSE follower) is not mistaken for an idle one.
+//! watch, an SSE follower) is not mistaken for an idle one. With TLS, each
+//! connection's handshake must end within 10 s.
 
 use std::future::Future;
 use std::io;
@@ -48,14 +49,19 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// taken for dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Serves `app` on `listener` within `limits` until `shutdown` resolves,
-/// then stops accepting and lets open connections finish their requests.
+/// Longest a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` within `limits` (over TLS when `tls` is
+/// given) until `shutdown` resolves, then stops accepting and lets open
+/// connections finish their requests.
 pub async fn serve(
     name: &str,
     listener: TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ConnectionLimits,
+    tls: Option<crate::tls::ServerTls>,
 ) -> anyhow::Result<()> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
@@ -88,14 +94,16 @@ pub async fn serve(
         };
         // Small answers go out at once instead of waiting on Nagle's algorithm.
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));
-        let service = TowerToHyperService::new(app.clone());
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let io = Idle::new(stream, limits.idle_timeout);
+        let (app, builder, watcher, tls) = (app.clone(), builder.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            let connection = builder.serve_connection(io, service);
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            match tls {
+                None => serve_connection(&builder, io, app, watcher, peer).await,
+                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(io)).await {
+                    Ok(Ok(io)) => serve_connection(&builder, io, app, watcher, peer).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                },
             }
             drop(permit);
         });
@@ -103,6 +111,22 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Serves one connection's requests until it ends.
+async fn serve_connection<IO>(
+    builder: &Builder<TokioExecutor>,
+    io: IO,
+    app: Router,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: std::net::SocketAddr,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    if let Err(e) = watcher.watch(connection).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
 }
 
 /// After an `accept` error: a client that gave up is nothing; anything else

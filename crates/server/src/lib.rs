@@ -20,6 +20,7 @@ pub mod probes;
 pub mod service;
 pub mod settings;
 pub mod stack;
+pub mod tls;
 
 use std::future::Future;
 
@@ -37,13 +38,15 @@ pub use stack::{
 };
 
 /// Serves `app` on `listener` until `shutdown` resolves, draining in-flight
-/// requests, each connection held to `limits` ([`conn::serve`]).
+/// requests, each connection held to `limits`, over TLS when `tls` is given
+/// ([`conn::serve`]).
 pub async fn serve(
     name: &str,
     listener: TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ConnectionLimits,
+    tls: Option<tls::ServerTls>,
 ) -> anyhow::Result<()> {
-    conn::serve(name, listener, app, shutdown, limits).await
+    conn::serve(name, listener, app, shutdown, limits, tls).await
 }

@@ -99,7 +99,9 @@ impl Service {
         let grpc = (self.grpc_layer)(crate::grpc::router(self.grpc, &[self.grpc_name], health)?);
         let http = crate::probes::router(self.metrics, readiness).merge(self.http);
         let app = crate::stack(http, grpc, &settings.limits());
-        tracing::info!(addr = %listener.local_addr()?, service = self.name, "{} listening (gRPC and HTTP)", self.name);
+        let tls = settings.server_tls(self.name)?;
+        let over = if tls.is_some() { "gRPC and HTTP over TLS" } else { "gRPC and HTTP" };
+        tracing::info!(addr = %listener.local_addr()?, service = self.name, "{} listening ({over})", self.name);
         crate::serve(
             self.name,
             listener,
@@ -109,6 +111,7 @@ impl Service {
                 let _ = stop.send(true);
             },
             settings.connection_limits(),
+            tls,
         )
         .await
     }

@@ -10,8 +10,10 @@
 //! (listing the ones it does), and hands each group the keys it reads.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
@@ -52,6 +54,18 @@ pub struct ServiceSettings {
     /// as they stay open; one more is refused at once (`RESOURCE_EXHAUSTED`,
     /// HTTP 503), never left waiting.
     pub max_open_calls: usize,
+    /// PEM certificate chain the port serves TLS with (with
+    /// `tls_key_file`); also presented to services that ask for a client
+    /// certificate. Re-read when it changes.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates: when set, every client must present a
+    /// certificate they signed (mTLS).
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// PEM CA certificates trusted, besides the system's, for the services
+    /// this one calls at `https://` addresses.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServiceSettings {
@@ -67,6 +81,10 @@ impl Default for ServiceSettings {
             idle_timeout_secs: 120.0,
             max_streams_per_connection: 1_000,
             max_open_calls: 10_000,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            tls_ca_file: None,
         }
     }
 }
@@ -94,6 +112,14 @@ impl ServiceSettings {
         anyhow::ensure!(self.max_streams_per_connection >= 1, "max_streams_per_connection must be at least 1");
         anyhow::ensure!(self.max_open_calls >= 1, "max_open_calls must be at least 1");
         anyhow::ensure!(
+            self.tls_cert_file.is_some() == self.tls_key_file.is_some(),
+            "tls_cert_file and tls_key_file go together: set both to serve TLS, or neither"
+        );
+        anyhow::ensure!(
+            self.tls_client_ca_file.is_none() || self.tls_cert_file.is_some(),
+            "tls_client_ca_file asks clients for certificates over TLS: set tls_cert_file and tls_key_file too"
+        );
+        anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
             crate::redact(&self.database_url)
@@ -118,6 +144,30 @@ impl ServiceSettings {
             idle_timeout: Duration::from_secs_f64(self.idle_timeout_secs),
             max_streams_per_connection: self.max_streams_per_connection,
         }
+    }
+
+    /// The port's TLS, when `tls_cert_file` and `tls_key_file` are set:
+    /// loaded now (a bad file fails start-up, naming the setting), re-read
+    /// when the files change.
+    pub fn server_tls(&self, name: &'static str) -> anyhow::Result<Option<crate::tls::ServerTls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else { return Ok(None) };
+        let files =
+            crate::tls::TlsFiles { cert: cert.clone(), key: key.clone(), client_ca: self.tls_client_ca_file.clone() };
+        crate::tls::ServerTls::watch(files, name).map(Some)
+    }
+
+    /// How this service calls others at `https://` addresses: `tls_ca_file`
+    /// trusted, and its own certificate presented when asked for.
+    pub fn client_tls(&self) -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
+        let read = |setting: &str, path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("{setting}: cannot read {}", path.display()))
+        };
+        let ca_pem = self.tls_ca_file.as_ref().map(|p| read("tls_ca_file", p)).transpose()?;
+        let identity = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some((read("tls_cert_file", cert)?, read("tls_key_file", key)?)),
+            _ => None,
+        };
+        Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem, identity })
     }
 
     /// How often dependencies are checked.

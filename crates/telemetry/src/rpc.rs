@@ -55,16 +55,54 @@ impl<S> Layer<S> for ClientTraceLayer {
     }
 }
 
+/// How this process calls services at `https://` addresses: the CA that
+/// signed their certificates (trusted besides the system's roots), and the
+/// certificate it presents to services that ask for one (mTLS).
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    /// PEM CA certificates.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM certificate chain and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// tonic's TLS settings: the system's roots, the CA, the identity.
+    pub fn config(&self) -> tonic::transport::ClientTlsConfig {
+        let mut config = tonic::transport::ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = &self.ca_pem {
+            config = config.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
 /// A channel to the service `name` at `url`, connected on first use (so a
 /// service may start before the ones it calls), giving up on a connection
-/// attempt after 5 s.
-pub fn channel(name: &str, url: &str) -> anyhow::Result<tonic::transport::Channel> {
+/// attempt after 5 s; over TLS for an `https://` address.
+pub fn channel(name: &str, url: &str, tls: &ClientTls) -> anyhow::Result<tonic::transport::Channel> {
     use anyhow::Context as _;
-    Ok(tonic::transport::Endpoint::from_shared(url.to_owned())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("{name} url `{url}`"))?
         .connect_timeout(std::time::Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect_lazy())
+        .tcp_nodelay(true);
+    if url.starts_with("https://") {
+        crate::http::install_tls_provider();
+        endpoint = endpoint.tls_config(tls.config()).with_context(|| format!("TLS to {name} at `{url}`"))?;
+    }
+    Ok(endpoint.connect_lazy())
 }
 
 /// The canonical name of a gRPC status code (`INVALID_ARGUMENT`), as

@@ -109,7 +109,9 @@ pub async fn serve_with_listener(
     let (stop_tx, stop_rx) = watch::channel(false);
     registry.spawn_background(stop_rx.clone(), config.service.health_check_interval());
     let app = router(registry.clone(), &config, stop_rx).await?;
-    tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "discovery listening (gRPC and HTTP)");
+    let tls = config.service.server_tls("discovery")?;
+    let over = if tls.is_some() { "gRPC and HTTP over TLS" } else { "gRPC and HTTP" };
+    tracing::info!(addr = %listener.local_addr()?, backend = store.backend(), "discovery listening ({over})");
     let limits = config.service.connection_limits();
     agentmesh_server::serve(
         "discovery",
@@ -120,6 +122,7 @@ pub async fn serve_with_listener(
             let _ = stop_tx.send(true);
         },
         limits,
+        tls,
     )
     .await?;
     tracing::info!("discovery stopped");

@@ -98,6 +98,9 @@ pub struct ExecutorConfig {
     /// the planner are always refused.
     #[serde(deserialize_with = "agentmesh_server::list_or_commas")]
     pub mesh_addresses: Vec<String>,
+    /// PEM CA certificates trusted, besides the system's roots, for agents
+    /// at `https://` addresses (HTTP and gRPC agents alike).
+    pub agent_ca_file: Option<std::path::PathBuf>,
 }
 
 agentmesh_server::flat_settings!(ExecutorConfig { service });
@@ -130,6 +133,7 @@ impl Default for ExecutorConfig {
             egress_allow: Vec::new(),
             egress_deny_private: false,
             mesh_addresses: Vec::new(),
+            agent_ca_file: None,
         }
     }
 }
@@ -237,23 +241,36 @@ pub async fn serve_with_listener(
     let store = agentmesh_store::connect_executions(&config.service.database_url).await.with_context(|| {
         format!("opening the execution store at {}", agentmesh_server::redact(&config.service.database_url))
     })?;
-    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url)?;
+    let client_tls = config.service.client_tls()?;
+    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url, &client_tls)?;
     let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced(discovery_channel.clone()))));
     let planner = match &config.planner_url {
-        Some(url) => Some(PlannerServiceClient::new(traced(agentmesh_telemetry::rpc::channel("planner", url)?))),
+        Some(url) => {
+            Some(PlannerServiceClient::new(traced(agentmesh_telemetry::rpc::channel("planner", url, &client_tls)?)))
+        }
         None => None,
     };
     let egress = Arc::new(config.egress(listener.local_addr()?).await?);
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let owner = format!("executor-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+    let agent_ca = match &config.agent_ca_file {
+        Some(path) => {
+            Some(std::fs::read(path).with_context(|| format!("agent_ca_file: cannot read {}", path.display()))?)
+        }
+        None => None,
+    };
     let engine = engine::Engine::new(engine::Parts {
         settings: config.settings(),
         owner: owner.clone(),
         store: store.clone(),
         catalog: catalog.clone(),
-        http: transport::http::HttpTransport::new(egress.clone(), config.max_output_bytes)?,
-        grpc: transport::grpc::GrpcTransport::new(egress, config.max_output_bytes),
+        http: transport::http::HttpTransport::new(egress.clone(), config.max_output_bytes, agent_ca.as_deref())?,
+        grpc: transport::grpc::GrpcTransport::new(
+            egress,
+            config.max_output_bytes,
+            agentmesh_telemetry::rpc::ClientTls { ca_pem: agent_ca, identity: None },
+        ),
         breakers: breaker::Breakers::new(
             config.circuit_failure_threshold,
             Duration::from_secs_f64(config.circuit_open_secs),

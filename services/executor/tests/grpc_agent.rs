@@ -102,4 +102,37 @@ async fn a_grpc_agent_is_invoked_with_the_same_contract(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-agentmesh_testkit::both_backends!(a_grpc_agent_is_invoked_with_the_same_contract);
+async fn a_grpc_agent_at_an_https_address_is_called_over_tls(backend: Backend) {
+    agentmesh_testkit::install_tls();
+    let pki = agentmesh_testkit::TestPki::new("grpc-agent").unwrap();
+    let issued = pki.issue("calculator").unwrap();
+    let files = agentmesh_server::tls::TlsFiles { cert: issued.cert, key: issued.key, client_ca: None };
+    let tls = agentmesh_server::tls::ServerTls::watch(files, "calculator").unwrap();
+    let calculator = Calculator::default();
+    let listener = bind_local().await.unwrap();
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let app = tonic::service::Routes::new(AgentServiceServer::new(calculator.clone())).into_axum_router();
+    tokio::spawn(agentmesh_server::serve(
+        "calculator",
+        listener,
+        app,
+        std::future::pending(),
+        agentmesh_server::ConnectionLimits::default(),
+        Some(tls),
+    ));
+    let ca = pki.ca_file();
+    let Some(mesh) = Mesh::start_with(backend, |c| c.agent_ca_file = Some(ca)).await else { return };
+    mesh.register(&json!({"id": "calculator", "base_url": url, "transport": "grpc",
+        "reasoners": [{"id": "add", "description": "Adds"}]}))
+        .await;
+    let events =
+        mesh.run(plan(vec![step("s1", "calculator", "add", json!({"a": 2, "b": 40}), &[])]), options(0, 5000)).await;
+    let events = events.unwrap();
+    assert_eq!(output(&events, "s1"), json!({"sum": 42}), "{:?}", kinds(&events));
+    assert_eq!(calculator.calls.lock().unwrap().len(), 1);
+}
+
+agentmesh_testkit::both_backends!(
+    a_grpc_agent_is_invoked_with_the_same_contract,
+    a_grpc_agent_at_an_https_address_is_called_over_tls
+);

@@ -107,7 +107,8 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let channel = agentmesh_telemetry::rpc::channel;
+    let tls = config.service.client_tls()?;
+    let channel = |name: &str, url: &str| agentmesh_telemetry::rpc::channel(name, url, &tls);
     let planner = channel("planner", &config.planner_url)?;
     let executor = channel("executor", &config.executor_url)?;
     let synthesis = channel("synthesis", &config.synthesis_url)?;

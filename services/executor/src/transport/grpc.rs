@@ -27,13 +27,15 @@ use crate::egress::Egress;
 pub struct GrpcTransport {
     egress: Arc<Egress>,
     max_output_bytes: usize,
+    tls: agentmesh_telemetry::rpc::ClientTls,
     clients: Mutex<HashMap<String, AgentServiceClient<TracedChannel>>>,
 }
 
 impl GrpcTransport {
     /// A transport whose addresses pass the egress policy.
-    pub fn new(egress: Arc<Egress>, max_output_bytes: usize) -> Self {
-        Self { egress, max_output_bytes, clients: Mutex::new(HashMap::new()) }
+    /// Agents at `https://` addresses are called over TLS, trusting `tls`'s CA.
+    pub fn new(egress: Arc<Egress>, max_output_bytes: usize, tls: agentmesh_telemetry::rpc::ClientTls) -> Self {
+        Self { egress, max_output_bytes, tls, clients: Mutex::new(HashMap::new()) }
     }
 
     fn client(&self, base: &Url) -> Result<AgentServiceClient<TracedChannel>, Failure> {
@@ -67,9 +69,16 @@ impl GrpcTransport {
                 Err(last)
             }
         });
-        let channel = tonic::transport::Endpoint::from_shared(base_url.to_owned())
-            .map_err(|e| Failure::fatal(format!("agent base_url `{base_url}` is not a gRPC address: {e}")))?
-            .connect_with_connector_lazy(connector);
+        let mut endpoint = tonic::transport::Endpoint::from_shared(base_url.to_owned())
+            .map_err(|e| Failure::fatal(format!("agent base_url `{base_url}` is not a gRPC address: {e}")))?;
+        if base.scheme() == "https" {
+            // TLS over the checked connection, verified against the name.
+            agentmesh_telemetry::http::install_tls_provider();
+            endpoint = endpoint
+                .tls_config(self.tls.config())
+                .map_err(|e| Failure::fatal(format!("TLS to the agent at {base_url}: {e}")))?;
+        }
+        let channel = endpoint.connect_with_connector_lazy(connector);
         // An answer larger than the output limit is refused by the decoder.
         let client = AgentServiceClient::new(traced(channel)).max_decoding_message_size(self.max_output_bytes);
         clients.insert(base_url.to_owned(), client.clone());

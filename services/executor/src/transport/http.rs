@@ -42,8 +42,15 @@ pub struct HttpTransport {
 
 impl HttpTransport {
     /// A client whose name resolution refuses denied networks.
-    pub fn new(egress: Arc<Egress>, max_output_bytes: usize) -> anyhow::Result<Self> {
-        let client = agentmesh_telemetry::http::client_builder()
+    pub fn new(egress: Arc<Egress>, max_output_bytes: usize, ca_pem: Option<&[u8]>) -> anyhow::Result<Self> {
+        let mut builder = agentmesh_telemetry::http::client_builder();
+        if let Some(pem) = ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| anyhow::anyhow!("agent_ca_file is not PEM: {e}"))?;
+            anyhow::ensure!(!certs.is_empty(), "agent_ca_file holds no certificate");
+            builder = builder.tls_certs_merge(certs);
+        }
+        let client = builder
             .dns_resolver(Arc::new(EgressResolver(egress.clone())))
             // A redirect would lead the call where the checks above never
             // looked (an IP literal, the metadata service): none is followed.

@@ -1,0 +1,116 @@
+//! TLS on discovery's one port: REST and gRPC over TLS with a certificate
+//! from files, plaintext refused; with a client CA, only clients that
+//! present a certificate it signed get in (through the channel every
+//! service calls another with); a renewed certificate is served without a
+//! restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_telemetry::rpc::ClientTls;
+use agentmesh_testkit::{Backend, TestPki};
+use common::Ctx;
+
+fn https_client(ca_pem: &str, identity: Option<(&std::path::Path, &std::path::Path)>) -> reqwest::Client {
+    let mut builder = agentmesh_testkit::http_client_builder()
+        .tls_certs_only(reqwest::Certificate::from_pem_bundle(ca_pem.as_bytes()).unwrap());
+    if let Some((cert, key)) = identity {
+        let pem = [std::fs::read(cert).unwrap(), std::fs::read(key).unwrap()].concat();
+        builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    builder.build().unwrap()
+}
+
+async fn list(url: &str, tls: &ClientTls) -> Result<usize, tonic::Status> {
+    let channel = agentmesh_telemetry::rpc::channel("discovery", url, tls).unwrap();
+    let mut client = DiscoveryServiceClient::new(channel);
+    Ok(client.list_capabilities(pb::ListCapabilitiesRequest::default()).await?.into_inner().capabilities.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_and_grpc_are_served_over_tls_and_a_renewed_certificate_without_a_restart() {
+    agentmesh_testkit::install_tls();
+    let pki = TestPki::new("serve").unwrap();
+    let server = pki.issue("discovery").unwrap();
+    let (cert, key) = (server.cert.clone(), server.key.clone());
+    let Some(ctx) = Ctx::start_with(Backend::Sqlite, |c| {
+        c.service.tls_cert_file = Some(cert);
+        c.service.tls_key_file = Some(key);
+    })
+    .await
+    else {
+        return;
+    };
+    let https = format!("https://localhost:{}", ctx.svc.addr.port());
+    let client = https_client(&pki.ca_pem, None);
+    let ready = client.get(format!("{https}/healthz")).send().await.unwrap();
+    assert!(ready.status().is_success());
+    let tls = ClientTls { ca_pem: Some(pki.ca_pem.clone().into_bytes()), identity: None };
+    assert_eq!(list(&https, &tls).await.unwrap(), 0);
+    // Plaintext gets nothing, and a client that does not trust the CA neither.
+    assert!(agentmesh_testkit::http_client().get(format!("{}/healthz", ctx.svc.url())).send().await.is_err());
+    assert!(list(&https, &ClientTls::default()).await.is_err());
+
+    // The certificate is renewed in place, by another CA: served within seconds.
+    let renewed = TestPki::new("renewed").unwrap();
+    let next = renewed.issue("discovery").unwrap();
+    std::fs::copy(&next.cert, &server.cert).unwrap();
+    std::fs::copy(&next.key, &server.key).unwrap();
+    let trusts_renewed = https_client(&renewed.ca_pem, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while trusts_renewed.get(format!("{https}/healthz")).send().await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the renewed certificate was never served");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(https_client(&pki.ca_pem, None).get(format!("{https}/healthz")).send().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_clients_with_its_certificates_get_in() {
+    agentmesh_testkit::install_tls();
+    let pki = TestPki::new("mtls").unwrap();
+    let server = pki.issue("discovery").unwrap();
+    let caller = pki.issue("executor").unwrap();
+    let stranger_pki = TestPki::new("stranger").unwrap();
+    let stranger = stranger_pki.issue("stranger").unwrap();
+    let (cert, key, client_ca) = (server.cert.clone(), server.key.clone(), pki.ca_file());
+    let Some(ctx) = Ctx::start_with(Backend::Sqlite, |c| {
+        c.service.tls_cert_file = Some(cert);
+        c.service.tls_key_file = Some(key);
+        c.service.tls_client_ca_file = Some(client_ca);
+    })
+    .await
+    else {
+        return;
+    };
+    let https = format!("https://127.0.0.1:{}", ctx.svc.addr.port());
+    let ca = Some(pki.ca_pem.clone().into_bytes());
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    // A service calling another presents its own certificate.
+    let with_cert = ClientTls { ca_pem: ca.clone(), identity: Some((read(&caller.cert), read(&caller.key))) };
+    assert_eq!(list(&https, &with_cert).await.unwrap(), 0);
+    let no_cert = ClientTls { ca_pem: ca.clone(), identity: None };
+    assert!(list(&https, &no_cert).await.is_err(), "a client without a certificate got in");
+    let foreign = ClientTls { ca_pem: ca, identity: Some((read(&stranger.cert), read(&stranger.key))) };
+    assert!(list(&https, &foreign).await.is_err(), "a certificate of another CA got in");
+    // REST alike.
+    let ok = https_client(&pki.ca_pem, Some((&caller.cert, &caller.key)));
+    assert!(ok.get(format!("{https}/api/v1/discovery/capabilities")).send().await.unwrap().status().is_success());
+    assert!(https_client(&pki.ca_pem, None).get(format!("{https}/healthz")).send().await.is_err());
+}
+
+#[tokio::test]
+async fn tls_settings_that_cannot_work_stop_the_service_at_start() {
+    let mut settings =
+        agentmesh_server::ServiceSettings { tls_cert_file: Some("/nonexistent/cert.pem".into()), ..Default::default() };
+    let said = settings.validate().unwrap_err().to_string();
+    assert!(said.contains("tls_cert_file and tls_key_file go together"), "{said}");
+    settings.tls_key_file = Some("/nonexistent/key.pem".into());
+    let said = format!("{:#}", settings.server_tls("discovery").err().expect("no such file"));
+    assert!(said.contains("tls_cert_file: cannot read /nonexistent/cert.pem"), "{said}");
+}
