@@ -648,3 +648,72 @@ async fn an_agent_that_asks_for_help_loops_back_through_the_planner() {
     assert_eq!(answer.text, "21 °C at 09:00.");
     assert!(messages.iter().all(|m| m.round == 0), "loop-back is not a recovery round");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_authentication_on_a_client_orchestrates_and_only_it_follows_its_orchestration() {
+    use agentmesh_server::auth::token_hash;
+    let dir = std::env::temp_dir().join(format!("agentmesh-gateway-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens.toml");
+    let entry = |principal: &str, role: &str, token: &str| {
+        format!("[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n", token_hash(token))
+    };
+    let (service, operator, shop, billing) = ("svc-tok-1", "op-tok-1", "shop-tok-1", "billing-tok-1");
+    std::fs::write(
+        &tokens,
+        [
+            entry("mesh", "service", service),
+            entry("ops", "operator", operator),
+            entry("shop", "client", shop),
+            entry("billing", "client", billing),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
+    let replies = vec![
+        ScriptedReply::openai_content(&weather_plan()),
+        ScriptedReply::openai_stream(&["It is 21 °C."]),
+        review(true),
+    ];
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, options).await else { return };
+    let agent = weather_agent(&mesh, sunny()).await;
+    let http = agentmesh_testkit::http_client();
+    let url = format!("http://{}/api/v1/orchestrate", mesh.gateway);
+    let body = json!({"query": "What is the weather in Chicago?", "request_id": "req_auth_1"});
+
+    let refused = http.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    // Planning, execution, synthesis and review all pass with the services' own token.
+    let answered = http.post(&url).bearer_auth(shop).json(&body).send().await.unwrap();
+    assert_eq!(answered.status(), 200);
+    let answer: Value = answered.json().await.unwrap();
+    assert!(answer.to_string().contains("21 °C"), "{answer}");
+    assert_eq!(agent.calls_to("get_current_weather").len(), 1);
+
+    let events = format!("http://{}/api/v1/orchestrations/req_auth_1/events", mesh.gateway);
+    let resumed = http.get(&events).bearer_auth(billing).send().await.unwrap();
+    assert_eq!(resumed.status(), 403);
+    let said: Value = resumed.json().await.unwrap();
+    assert!(said["message"].as_str().unwrap().contains("`billing` may not follow"), "{said}");
+    let resumed = http.get(&events).bearer_auth(shop).send().await.unwrap();
+    assert_eq!(resumed.status(), 200);
+    // The execution the gateway ran is shop's, not the gateway's.
+    let execution_id = answer["execution_id"].as_str().unwrap_or_default().to_owned();
+    let mut executor = agentmesh_proto::v1::executor_service_client::ExecutorServiceClient::connect(format!(
+        "http://{}",
+        mesh.executor
+    ))
+    .await
+    .unwrap();
+    let get = |token: &str| {
+        let mut request = tonic::Request::new(pb::GetExecutionRequest { execution_id: execution_id.clone() });
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    };
+    let own = executor.get_execution(get(shop)).await;
+    assert!(own.is_ok(), "{own:?} {answer}");
+    let refused = executor.get_execution(get(billing)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -43,6 +43,8 @@ pub struct Mesh {
     pub gateway: SocketAddr,
     tasks: Vec<Task>,
     _db: TestDatabase,
+    /// The operator token registrations are made with, when authentication is on.
+    operator_token: Option<String>,
 }
 
 /// How to start the mesh.
@@ -56,6 +58,10 @@ pub struct Options {
     /// A real model server (OpenAI-compatible base URL and model) instead
     /// of the scripted one, with limits that suit a small local model.
     pub real_llm: Option<(String, String)>,
+    /// Authentication on every service: the tokens file, the token the
+    /// services call each other with (listed there as `service`), and an
+    /// operator's token (for registrations).
+    pub auth: Option<(std::path::PathBuf, String, String)>,
 }
 
 async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> (SocketAddr, Task)
@@ -82,14 +88,22 @@ impl Mesh {
     pub async fn start(backend: Backend, replies: Vec<ScriptedReply>, options: Options) -> Option<Self> {
         agentmesh_testkit::init_tracing();
         let db = TestDatabase::new(backend).await?;
-        let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
+        let secure = |service: &mut agentmesh_server::ServiceSettings| {
+            if let Some((tokens, token, _)) = &options.auth {
+                service.auth_tokens_file = Some(tokens.clone());
+                service.auth_token = Some(token.clone());
+            }
+        };
+        let mut discovery_config = DiscoveryConfig::with_database_url(db.url.clone());
+        secure(&mut discovery_config.service);
+        let discovery = spawn_discovery(discovery_config).await.unwrap();
         let llm = ScriptedLlmServer::start(replies).await.unwrap();
         let pending = std::future::pending::<()>;
         let (base, model, structured, timeout) = match &options.real_llm {
             Some((base, model)) => (base.clone(), model.clone(), "auto", 300),
             None => (llm.url(), "scripted-model".to_owned(), "json_schema", 60),
         };
-        let planner_config = PlannerConfig {
+        let mut planner_config = PlannerConfig {
             discovery_url: discovery.url(),
             llm: agentmesh_planner::LlmSettings {
                 llm: format!("openai:{model}"),
@@ -101,15 +115,17 @@ impl Mesh {
             },
             ..PlannerConfig::with_database_url(db.url.clone())
         };
+        secure(&mut planner_config.service);
         let (planner, planner_task) =
             spawn(|l| agentmesh_planner::serve_with_listener(planner_config, l, pending())).await;
-        let executor_config = ExecutorConfig {
+        let mut executor_config = ExecutorConfig {
             discovery_url: discovery.url(),
             planner_url: Some(format!("http://{planner}")),
             retry_base_ms: 20,
             retry_max_ms: 200,
             ..ExecutorConfig::with_database_url(db.url.clone())
         };
+        secure(&mut executor_config.service);
         let (executor, executor_task) =
             spawn(|l| agentmesh_executor::serve_with_listener(executor_config, l, pending())).await;
         let mut synthesis_config = SynthesisConfig {
@@ -128,15 +144,17 @@ impl Mesh {
             synthesis_config.answer_max_tokens = 160;
             synthesis_config.review_max_tokens = 300;
         }
+        secure(&mut synthesis_config.service);
         let (synthesis, synthesis_task) =
             spawn(|l| agentmesh_synthesis::serve_with_listener(synthesis_config, l, pending())).await;
-        let gateway_config = GatewayConfig {
+        let mut gateway_config = GatewayConfig {
             planner_url: options.planner_url.unwrap_or_else(|| format!("http://{planner}")),
             executor_url: format!("http://{executor}"),
             synthesis_url: format!("http://{synthesis}"),
             resume_grace_secs: options.resume_grace_secs.unwrap_or(30.0),
             ..GatewayConfig::with_database_url(db.url.clone())
         };
+        secure(&mut gateway_config.service);
         let (gateway, gateway_task) =
             spawn(|l| agentmesh_gateway::serve_with_listener(gateway_config, l, pending())).await;
         Some(Self {
@@ -146,17 +164,18 @@ impl Mesh {
             gateway,
             tasks: vec![planner_task, executor_task, synthesis_task, gateway_task],
             _db: db,
+            operator_token: options.auth.map(|(_, _, operator)| operator),
         })
     }
 
     /// Registers an agent with discovery over REST.
     pub async fn register(&self, registration: &Value) {
-        let response = agentmesh_testkit::http_client()
-            .post(format!("{}/api/v1/agents", self.discovery.url()))
-            .json(registration)
-            .send()
-            .await
-            .unwrap();
+        let mut request =
+            agentmesh_testkit::http_client().post(format!("{}/api/v1/agents", self.discovery.url())).json(registration);
+        if let Some(token) = &self.operator_token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
         assert!(response.status().is_success(), "{}", response.text().await.unwrap_or_default());
     }
 

@@ -100,7 +100,7 @@ pub enum SdkError {
 }
 
 /// Where the agent listens and registers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Options {
     /// Discovery's base URL, e.g. `http://127.0.0.1:7400`.
     pub discovery_url: String,
@@ -113,6 +113,21 @@ pub struct Options {
     /// Register with discovery (and heartbeat, and deregister when
     /// stopped); `false` only serves, for a registration made elsewhere.
     pub register: bool,
+    /// The bearer token sent to discovery, when discovery requires one (a
+    /// token with the role `agent:<this agent's id>`).
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("discovery_url", &self.discovery_url)
+            .field("listen", &self.listen)
+            .field("advertise_url", &self.advertise_url)
+            .field("register", &self.register)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl Default for Options {
@@ -122,6 +137,7 @@ impl Default for Options {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise_url: None,
             register: true,
+            token: None,
         }
     }
 }
@@ -134,7 +150,7 @@ impl Options {
 
     /// The defaults, overridden by `AGENTMESH_DISCOVERY_URL` (the variable
     /// the `agentmesh` CLI reads too), `AGENTMESH_AGENT_LISTEN` (an
-    /// `IP:PORT`) and `AGENTMESH_AGENT_URL`.
+    /// `IP:PORT`), `AGENTMESH_AGENT_URL` and `AGENTMESH_AGENT_TOKEN`.
     /// A listening address that does not parse is reported and the default
     /// kept.
     pub fn from_env() -> Self {
@@ -154,6 +170,11 @@ impl Options {
             && !url.trim().is_empty()
         {
             options.advertise_url = Some(url.trim().to_owned());
+        }
+        if let Ok(token) = std::env::var("AGENTMESH_AGENT_TOKEN")
+            && !token.trim().is_empty()
+        {
+            options.token = Some(token.trim().to_owned());
         }
         options
     }
@@ -295,8 +316,11 @@ impl Agent {
         let addr = listener.local_addr().map_err(|source| SdkError::Listen { addr: options.listen, source })?;
         let base_url = options.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}"));
         let registration = self.registration(&base_url);
-        let discovery =
-            if options.register { Some(registration::Discovery::new(&options.discovery_url, &self.id)?) } else { None };
+        let discovery = if options.register {
+            Some(registration::Discovery::new(&options.discovery_url, &self.id, options.token.as_deref())?)
+        } else {
+            None
+        };
         // Serving first, so that the executor can call the agent the
         // moment discovery lists it.
         let (stop, stopped) = watch::channel(false);

@@ -30,15 +30,23 @@ async fn reason(response: reqwest::Response) -> String {
 }
 
 impl Discovery {
-    pub(crate) fn new(base: &str, agent_id: &str) -> Result<Self, SdkError> {
+    pub(crate) fn new(base: &str, agent_id: &str, token: Option<&str>) -> Result<Self, SdkError> {
         let base = base.trim().trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(SdkError::Discovery(format!(
                 "discovery's URL `{base}` needs a scheme, e.g. http://127.0.0.1:7400"
             )));
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| SdkError::Discovery("the agent's token holds characters a header cannot".into()))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = agentmesh_telemetry::http::client_builder()
             .timeout(Duration::from_secs(10))
+            .default_headers(headers)
             .build()
             .map_err(|e| SdkError::Discovery(format!("cannot build an HTTP client: {e}")))?;
         Ok(Self { base, agent_id: agent_id.to_owned(), http })

@@ -43,14 +43,18 @@ impl Reasoning {
         let log = agentmesh_store::connect_interaction_log(&service.database_url)
             .await
             .context("opening the interaction log")?;
-        let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", discovery_url, &service.client_tls()?)?;
+        let client = service.client_tls()?;
+        let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", discovery_url, &client)?;
         tracing::info!(llm = %llm.llm, "the model is {}", llm.llm);
         Ok(Self {
             llm: chain,
             purge: agentmesh_store::spawn_interaction_purge(log.clone()),
             log,
             retention: Retention::from(llm.retention()),
-            discovery: DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(discovery_channel.clone())),
+            discovery: DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced_with(
+                discovery_channel.clone(),
+                &client,
+            )),
             discovery_channel,
         })
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use agentmesh_telemetry::rpc::{TracedChannel, traced};
+use agentmesh_telemetry::rpc::{TracedChannel, traced_with};
 use tonic::transport::Endpoint;
 
 /// Connects to the service `what` at `url`; the error says how to start it.
@@ -13,9 +13,10 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
     }
     let mut endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| anyhow::anyhow!("`{url}` is not a valid {what} address: {}", root_cause(&e)))?;
+    let client = client_tls()?;
     if url.starts_with("https://") {
         agentmesh_telemetry::http::install_tls_provider();
-        endpoint = endpoint.tls_config(client_tls()?.config())?;
+        endpoint = endpoint.tls_config(client.config())?;
     }
     let channel = endpoint.connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {
         match io_kind(&e) {
@@ -25,13 +26,14 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
             _ => anyhow::anyhow!("cannot reach {what} at {url}: {}; is it running (`{how_to_start}`)?", root_cause(&e)),
         }
     })?;
-    Ok(traced(channel))
+    Ok(traced_with(channel, &client))
 }
 
-/// The CLI's TLS to `https://` services: `AGENTMESH_TLS_CA_FILE` trusted
-/// besides the system's roots, and `AGENTMESH_TLS_CERT_FILE` with
-/// `AGENTMESH_TLS_KEY_FILE` presented to services that ask for a client
-/// certificate.
+/// How the CLI calls services: over TLS at `https://` addresses, with
+/// `AGENTMESH_TLS_CA_FILE` trusted besides the system's roots and
+/// `AGENTMESH_TLS_CERT_FILE` with `AGENTMESH_TLS_KEY_FILE` presented to
+/// services that ask for a client certificate; with `AGENTMESH_TOKEN` as
+/// its bearer token where services require one.
 fn client_tls() -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
     let read = |var: &str| -> anyhow::Result<Option<Vec<u8>>> {
         match std::env::var_os(var) {
@@ -46,7 +48,8 @@ fn client_tls() -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
         (None, None) => None,
         _ => anyhow::bail!("AGENTMESH_TLS_CERT_FILE and AGENTMESH_TLS_KEY_FILE go together"),
     };
-    Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem: read("AGENTMESH_TLS_CA_FILE")?, identity })
+    let bearer = std::env::var("AGENTMESH_TOKEN").ok().filter(|t| !t.trim().is_empty());
+    Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem: read("AGENTMESH_TLS_CA_FILE")?, identity, bearer })
 }
 
 /// The innermost error's text: the one that says what happened, without

@@ -12,6 +12,7 @@ mod connect;
 mod demo;
 mod executions;
 mod plan;
+mod token;
 mod up;
 
 use std::io::Write as _;
@@ -60,6 +61,9 @@ enum Command {
     Run(executions::RunArgs),
     /// List, inspect, follow and cancel executions.
     Executions(executions::ExecutionsArgs),
+    /// Make a bearer token for a principal, and print the (hashed) entry
+    /// for the services' auth_tokens_file.
+    Token(token::TokenArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -256,5 +260,6 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::Agents(args) => agents::run(args).await,
         Command::Plan(args) => plan::plan(args).await,
         Command::Interactions(args) => plan::interactions(args).await,
+        Command::Token(args) => token::token(&args),
     }
 }

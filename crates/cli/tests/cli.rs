@@ -800,3 +800,21 @@ fn a_reader_that_stops_early_is_not_an_error() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(output.status.success(), "{:?}: {stderr}", output.status);
 }
+
+#[test]
+fn a_new_token_comes_with_its_hashed_entry_and_a_wrong_role_is_named() {
+    let (ok, out, err) =
+        agentmesh(&["token", "--principal", "shop", "--role", "client", "--role", "agent:weather-tool-v2"]);
+    assert!(ok, "{err}");
+    let token = out.trim();
+    assert!(token.starts_with("am_") && token.len() == 67, "{out}");
+    let entry = format!(
+        "[[token]]\nprincipal = \"shop\"\nroles = [\"client\", \"agent:weather-tool-v2\"]\nsha256 = \"{}\"",
+        agentmesh_server::auth::token_hash(token)
+    );
+    assert!(err.contains(&entry), "{err}");
+    assert!(!err.contains(token), "the token is printed once, on standard output");
+    let (ok, _, err) = agentmesh(&["token", "--principal", "x", "--role", "root"]);
+    assert!(!ok);
+    assert!(err.contains("unknown role `root`: the roles are operator, client, service and agent:<id>"), "{err}");
+}

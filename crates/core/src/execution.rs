@@ -194,6 +194,11 @@ pub struct ExecutionSpec {
     /// Allow patterns of the original request.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Who started it (the principal's name; empty when the executor ran
+    /// without authentication): only they, services and operators may
+    /// read, cancel or extend it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub principal: String,
 }
 
 /// The time now, in whole milliseconds: what the store keeps, so that an
@@ -382,6 +387,7 @@ impl ExecutionState {
             caller_agent_ids: Vec::new(),
             exclude_agents: Vec::new(),
             allow: Vec::new(),
+            principal: String::new(),
         })
     }
 
@@ -525,6 +531,7 @@ mod tests {
             caller_agent_ids: Vec::new(),
             exclude_agents: Vec::new(),
             allow: Vec::new(),
+            principal: String::new(),
         };
         let mut state = ExecutionState::new(spec);
         let collaborate = Collaboration { agent: "fixer".into(), capability: "fix".into(), query: "fix it".into() };

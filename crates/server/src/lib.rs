@@ -13,6 +13,7 @@
 //! - [`settings`] holds the settings every service shares, and
 //!   [`Service`] assembles a service's port from all of the above.
 
+pub mod auth;
 pub mod conn;
 pub mod grpc;
 pub mod net;
@@ -29,6 +30,7 @@ use tokio::net::TcpListener;
 
 pub use agentmesh_telemetry::redact;
 pub use agentmesh_telemetry::secrets::redacted;
+pub use auth::{Principal, principal_of};
 pub use conn::ConnectionLimits;
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use service::Service;

@@ -31,6 +31,7 @@ pub struct Service {
     metrics: RenderMetrics,
     dependencies: Vec<Dependency>,
     stop: Option<watch::Sender<bool>>,
+    rules: crate::auth::Rules,
 }
 
 impl Service {
@@ -47,7 +48,15 @@ impl Service {
             metrics: Arc::new(String::new),
             dependencies: Vec::new(),
             stop: None,
+            rules: crate::auth::any_authenticated,
         }
+    }
+
+    /// The roles each call needs when authentication is on (every
+    /// authenticated caller may make every call by default).
+    pub fn authorize(mut self, rules: crate::auth::Rules) -> Self {
+        self.rules = rules;
+        self
     }
 
     /// HTTP routes served beside the probes.
@@ -98,7 +107,11 @@ impl Service {
                 .await;
         let grpc = (self.grpc_layer)(crate::grpc::router(self.grpc, &[self.grpc_name], health)?);
         let http = crate::probes::router(self.metrics, readiness).merge(self.http);
-        let app = crate::stack(http, grpc, &settings.limits());
+        let auth = settings
+            .authenticator(self.name)?
+            .map(|authenticator| crate::stack::Auth { authenticator, rules: self.rules });
+        settings.warn_if_open(self.name);
+        let app = crate::stack(http, grpc, &settings.limits(), auth);
         let tls = settings.server_tls(self.name)?;
         let over = if tls.is_some() { "gRPC and HTTP over TLS" } else { "gRPC and HTTP" };
         tracing::info!(addr = %listener.local_addr()?, service = self.name, "{} listening ({over})", self.name);

@@ -66,6 +66,12 @@ pub struct ServiceSettings {
     /// PEM CA certificates trusted, besides the system's, for the services
     /// this one calls at `https://` addresses.
     pub tls_ca_file: Option<PathBuf>,
+    /// The tokens callers authenticate with (TOML, hashed; see
+    /// [`crate::auth`]): when set, every call but the probes needs one.
+    pub auth_tokens_file: Option<PathBuf>,
+    /// This service's own bearer token, sent on its calls to the other
+    /// services (they list it with the role `service`).
+    pub auth_token: Option<String>,
 }
 
 impl Default for ServiceSettings {
@@ -85,6 +91,8 @@ impl Default for ServiceSettings {
             tls_key_file: None,
             tls_client_ca_file: None,
             tls_ca_file: None,
+            auth_tokens_file: None,
+            auth_token: None,
         }
     }
 }
@@ -156,8 +164,9 @@ impl ServiceSettings {
         crate::tls::ServerTls::watch(files, name).map(Some)
     }
 
-    /// How this service calls others at `https://` addresses: `tls_ca_file`
-    /// trusted, and its own certificate presented when asked for.
+    /// How this service calls others: at `https://` addresses with
+    /// `tls_ca_file` trusted and its own certificate presented when asked
+    /// for; with `auth_token` as its bearer token.
     pub fn client_tls(&self) -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
         let read = |setting: &str, path: &PathBuf| {
             std::fs::read(path).with_context(|| format!("{setting}: cannot read {}", path.display()))
@@ -167,7 +176,29 @@ impl ServiceSettings {
             (Some(cert), Some(key)) => Some((read("tls_cert_file", cert)?, read("tls_key_file", key)?)),
             _ => None,
         };
-        Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem, identity })
+        let bearer = self.auth_token.clone().filter(|t| !t.trim().is_empty());
+        Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem, identity, bearer })
+    }
+
+    /// Who may call, when `auth_tokens_file` is set: loaded now (a bad file
+    /// fails start-up, saying what is wrong), re-read when it changes.
+    pub fn authenticator(&self, name: &'static str) -> anyhow::Result<Option<crate::auth::Authenticator>> {
+        self.auth_tokens_file.clone().map(|path| crate::auth::Authenticator::watch(path, name)).transpose()
+    }
+
+    /// Says loudly, once, that a port any other host can reach takes every
+    /// call from anyone: `auth_tokens_file` is not set.
+    pub fn warn_if_open(&self, name: &str) {
+        if self.auth_tokens_file.is_none() && !self.listen.ip().is_loopback() {
+            tracing::warn!(
+                service = name,
+                listen = %self.listen,
+                "AUTHENTICATION IS OFF on a port other hosts can reach: anyone who reaches {} may make every call \
+                 (register or re-point agents, read or cancel executions). Set auth_tokens_file \
+                 (docs/security.md#identities)",
+                self.listen
+            );
+        }
     }
 
     /// How often dependencies are checked.

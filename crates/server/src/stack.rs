@@ -163,7 +163,7 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 ///    `RESOURCE_EXHAUSTED` and the setting to raise. (A byte limit on the
 ///    body would cut a gRPC message mid-frame, before its length is read,
 ///    and the client would get only `UNKNOWN`.)
-pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
+pub fn stack(http: Router, grpc: Router, limits: &Limits, auth: Option<Auth>) -> Router {
     let max = limits.max_request_bytes;
     let http =
         http.layer(RequestBodyLimitLayer::new(max)).layer(middleware::from_fn_with_state(max, payload_too_large));
@@ -176,6 +176,10 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
         .layer(middleware::from_fn_with_state(OpenCalls::new(limits.max_open_calls), open_calls));
     let app =
         if agentmesh_telemetry::exporting() { app.layer(agentmesh_telemetry::rpc::ServerTraceLayer) } else { app };
+    let app = match auth {
+        Some(auth) => app.layer(middleware::from_fn_with_state(std::sync::Arc::new(auth), authenticate)),
+        None => app,
+    };
     app.layer(middleware::from_fn(log_rejections))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(NewRequestId))
@@ -185,6 +189,54 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits) -> Router {
             }
             request
         }))
+}
+
+/// Authentication on a port: who the callers are, and the service's rules
+/// for what each call needs.
+#[derive(Clone)]
+pub struct Auth {
+    /// The tokens.
+    pub authenticator: crate::auth::Authenticator,
+    /// The roles each call needs.
+    pub rules: crate::auth::Rules,
+}
+
+/// Authenticates every call but the probes and reflection, checks the role
+/// it needs, and hands the handler its [`crate::auth::Principal`]; refuses
+/// with `UNAUTHENTICATED`/`PERMISSION_DENIED` (gRPC) or `401`/`403` (REST),
+/// saying what was missing, never quoting the token.
+async fn authenticate(State(auth): State<std::sync::Arc<Auth>>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if is_probe(path) || path.starts_with("/grpc.reflection.") {
+        return next.run(request).await;
+    }
+    let access = (auth.rules)(request.method(), path);
+    let refusal = match auth.authenticator.check(request.headers(), access) {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
+            return next.run(request).await;
+        }
+        Err(refusal) => refusal,
+    };
+    let grpc = is_grpc(request.headers());
+    let request_id = request_id_of(request.headers()).unwrap_or_default();
+    let (status, code, message) = match refusal {
+        crate::auth::Refusal::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, "unauthenticated", m),
+        crate::auth::Refusal::Denied(m) => (StatusCode::FORBIDDEN, "permission_denied", m),
+    };
+    if grpc {
+        let status = if status == StatusCode::UNAUTHORIZED {
+            tonic::Status::unauthenticated(message)
+        } else {
+            tonic::Status::permission_denied(message)
+        };
+        return status.into_http();
+    }
+    let mut response = (status, axum::Json(error_body(code, &message, None, &request_id))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
 }
 
 /// The slots of open calls ([`Limits::max_open_calls`]).

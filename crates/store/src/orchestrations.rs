@@ -45,8 +45,9 @@ pub trait OrchestrationLog: Send + Sync + 'static {
     /// Claims `request_id` for a new orchestration, atomically across every
     /// gateway sharing the database: `true` when no orchestration had it,
     /// `false` when one has (kept `retention` from now). The claim is a row
-    /// at sequence 0, which readers (from sequence 1) never see.
-    async fn claim(&self, request_id: &str, now_ms: i64, retention: Duration) -> StoreResult<bool>;
+    /// at sequence 0, which readers (from sequence 1) never see, holding
+    /// `{"owner": …}`: the principal that started it.
+    async fn claim(&self, request_id: &str, owner: &str, now_ms: i64, retention: Duration) -> StoreResult<bool>;
     /// Deletes expired events; returns how many.
     async fn purge_expired(&self, now_ms: i64) -> StoreResult<u64>;
     /// Checks that the database answers.
@@ -103,13 +104,13 @@ impl OrchestrationLog for crate::SqlStore {
         Ok(())
     }
 
-    async fn claim(&self, request_id: &str, now_ms: i64, retention: Duration) -> StoreResult<bool> {
+    async fn claim(&self, request_id: &str, owner: &str, now_ms: i64, retention: Duration) -> StoreResult<bool> {
         let claim = [OrchestrationEvent {
             request_id: request_id.to_owned(),
             sequence: 0,
             round: 0,
             kind: "claimed".into(),
-            data: "{}".into(),
+            data: serde_json::json!({ "owner": owner }).to_string(),
             created_at_ms: now_ms,
         }];
         let inserted =

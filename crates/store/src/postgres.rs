@@ -22,9 +22,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// connection until its timeout and then reports only that it timed out,
 /// where the user needs "connection refused" or "database does not exist".
 async fn pool(url: &str) -> StoreResult<PgPool> {
-    let options = PgConnectOptions::from_str(url)?;
+    let mut options = PgConnectOptions::from_str(url)?;
+    // An IPv6 literal is written in brackets in a URL (`[::1]`), but
+    // resolved without them.
+    if let Some(bare) = options.get_host().strip_prefix('[').and_then(|h| h.strip_suffix(']')).map(str::to_owned) {
+        options = options.host(&bare);
+    }
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Ok(connection)) => {
+        Ok(Ok(mut connection)) => {
+            report_encryption(&options, &mut connection).await;
             let _ = connection.close().await;
         }
         Ok(Err(e)) => return Err(StoreError::Connect(connect_failure(&options, &e))),
@@ -38,6 +44,33 @@ async fn pool(url: &str) -> StoreResult<PgPool> {
         }
     }
     Ok(PgPoolOptions::new().max_connections(16).acquire_timeout(CONNECT_TIMEOUT).connect_with(options).await?)
+}
+
+/// Says whether the connection is encrypted, never silently plaintext:
+/// `sslmode=prefer` (the default) falls back to plaintext when the server
+/// offers no TLS. A plaintext connection to another host is a warning.
+async fn report_encryption(options: &PgConnectOptions, connection: &mut PgConnection) {
+    let (host, port) = (options.get_host(), options.get_port());
+    let mode = format!("{:?}", options.get_ssl_mode()).to_ascii_lowercase();
+    let encrypted: Option<bool> = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_optional(&mut *connection)
+        .await
+        .ok()
+        .flatten();
+    let local = host.starts_with('/')
+        || host == "localhost"
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    match encrypted {
+        Some(true) => tracing::info!(host, port, sslmode = %mode, "PostgreSQL connection encrypted (TLS)"),
+        _ if local => tracing::info!(host, port, sslmode = %mode, "PostgreSQL connection not encrypted (loopback)"),
+        _ => tracing::warn!(
+            host,
+            port,
+            sslmode = %mode,
+            "PostgreSQL connection not encrypted: the server offered no TLS, or sslmode allows plaintext; \
+             set sslmode=verify-full and sslrootcert=CA.pem in the database URL to require TLS and verify the server"
+        ),
+    }
 }
 
 /// Why the first connection failed, in one line, with what to do.
@@ -56,7 +89,17 @@ fn connect_failure(options: &PgConnectOptions, e: &sqlx::Error) -> String {
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
             "nothing accepts connections at {host}:{port} (connection refused); is PostgreSQL running there, and is the port right?"
         ),
-        other => format!("cannot connect to PostgreSQL at {host}:{port}: {}", crate::describe(other)),
+        other => {
+            let described = crate::describe(other);
+            if matches!(other, sqlx::Error::Tls(_)) || described.contains("certificate") {
+                format!(
+                    "TLS to PostgreSQL at {host}:{port} failed: {described}; check sslrootcert (the CA that signed \
+                     the server's certificate), that the certificate names {host}, and that the server has TLS on"
+                )
+            } else {
+                format!("cannot connect to PostgreSQL at {host}:{port}: {described}")
+            }
+        }
     }
 }
 

@@ -39,7 +39,7 @@ impl<S> Layer<S> for ServerTraceLayer {
     type Service = Traced<S>;
 
     fn layer(&self, inner: S) -> Traced<S> {
-        Traced { inner, side: Side::Server }
+        Traced { inner, side: Side::Server, authorization: None }
     }
 }
 
@@ -51,19 +51,22 @@ impl<S> Layer<S> for ClientTraceLayer {
     type Service = Traced<S>;
 
     fn layer(&self, inner: S) -> Traced<S> {
-        Traced { inner, side: Side::Client }
+        Traced { inner, side: Side::Client, authorization: None }
     }
 }
 
-/// How this process calls services at `https://` addresses: the CA that
-/// signed their certificates (trusted besides the system's roots), and the
-/// certificate it presents to services that ask for one (mTLS).
+/// How this process calls other services: at `https://` addresses, the CA
+/// that signed their certificates (trusted besides the system's roots) and
+/// the certificate it presents to services that ask for one (mTLS); and
+/// the bearer token it authenticates with, where they require one.
 #[derive(Clone, Default)]
 pub struct ClientTls {
     /// PEM CA certificates.
     pub ca_pem: Option<Vec<u8>>,
     /// PEM certificate chain and private key.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Bearer token sent on every call ([`traced_with`]).
+    pub bearer: Option<String>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -71,6 +74,7 @@ impl std::fmt::Debug for ClientTls {
         f.debug_struct("ClientTls")
             .field("ca", &self.ca_pem.is_some())
             .field("identity", &self.identity.is_some())
+            .field("bearer", &self.bearer.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -138,11 +142,33 @@ pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
     ClientTraceLayer.layer(channel)
 }
 
+/// Wraps a channel so that its calls are traced and carry `client`'s
+/// bearer token, when it has one.
+pub fn traced_with(channel: tonic::transport::Channel, client: &ClientTls) -> TracedChannel {
+    let mut traced = traced(channel);
+    traced.authorization =
+        client.bearer.as_deref().and_then(|token| http::HeaderValue::from_str(&format!("Bearer {token}")).ok()).map(
+            |mut value| {
+                value.set_sensitive(true);
+                value
+            },
+        );
+    traced
+}
+
 /// A service whose calls are traced (see [`ServerTraceLayer`], [`ClientTraceLayer`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Traced<S> {
     inner: S,
     side: Side,
+    /// Sent as `authorization` on every call (client side).
+    authorization: Option<http::HeaderValue>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Traced<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traced").field("inner", &self.inner).field("side", &self.side).finish_non_exhaustive()
+    }
 }
 
 impl<S, B, RB> Service<http::Request<B>> for Traced<S>
@@ -158,6 +184,11 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let Some(value) = &self.authorization
+            && !request.headers().contains_key(http::header::AUTHORIZATION)
+        {
+            request.headers_mut().insert(http::header::AUTHORIZATION, value.clone());
+        }
         let span = if crate::exporting() {
             match self.side {
                 Side::Server => server_span(&request),

@@ -44,6 +44,16 @@ pub enum DiscoveryError {
         "too many WatchCatalog streams are open (max_watch_streams = {0}); close idle streams or raise discovery's max_watch_streams"
     )]
     TooManyWatchStreams(usize),
+    /// The caller may not act on this agent.
+    #[error(
+        "`{principal}` may not register, heartbeat or remove agent `{agent}`: it needs the role agent:{agent} or operator"
+    )]
+    PermissionDenied {
+        /// Who called.
+        principal: String,
+        /// The agent it named.
+        agent: String,
+    },
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
     Unavailable(String),
@@ -86,6 +96,14 @@ impl DiscoveryError {
         }
     }
 
+    /// Refuses a caller that may not act on agent `id`.
+    pub fn check_agent(principal: &agentmesh_server::Principal, id: &str) -> Result<(), Self> {
+        if principal.may_manage_agent(id) {
+            return Ok(());
+        }
+        Err(Self::PermissionDenied { principal: principal.name.clone(), agent: id.to_owned() })
+    }
+
     /// HTTP status of the REST response.
     pub fn http_status(&self) -> StatusCode {
         match self {
@@ -93,6 +111,7 @@ impl DiscoveryError {
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::TooManyWatchStreams(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::PermissionDenied { .. } => StatusCode::FORBIDDEN,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -113,6 +132,7 @@ impl DiscoveryError {
             Self::PayloadTooLarge(limit) => ("payload_too_large", Some(json!({"limit_bytes": limit}))),
             Self::NotFound(id) => ("not_found", Some(json!({"agent_id": id}))),
             Self::TooManyWatchStreams(limit) => ("too_many_watch_streams", Some(json!({"max_watch_streams": limit}))),
+            Self::PermissionDenied { agent, .. } => ("permission_denied", Some(json!({"agent_id": agent}))),
             Self::Unavailable(_) => ("unavailable", None),
             Self::Internal(_) => ("internal_error", None),
         };
@@ -148,6 +168,7 @@ impl From<DiscoveryError> for tonic::Status {
             DiscoveryError::PayloadTooLarge(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::NotFound(_) => tonic::Status::not_found(message),
             DiscoveryError::TooManyWatchStreams(_) => tonic::Status::resource_exhausted(message),
+            DiscoveryError::PermissionDenied { .. } => tonic::Status::permission_denied(message),
             DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
             DiscoveryError::Internal(_) => tonic::Status::internal(message),
         }

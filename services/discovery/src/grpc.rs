@@ -207,9 +207,11 @@ impl DiscoveryService for DiscoveryGrpc {
         &self,
         request: Request<pb::RegisterAgentRequest>,
     ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let Some(agent) = request.into_inner().agent else {
             return Err(DiscoveryError::invalid("agent", "", "agent is required").into());
         };
+        DiscoveryError::check_agent(&principal, &agent.id)?;
         let (record, created) = self.registry.register(definition_from_pb(&agent)).await?;
         Ok(Response::new(pb::RegisterAgentResponse {
             agent: Some(full_agent_to_pb(&record, HealthStatus::Active)),
@@ -221,7 +223,9 @@ impl DiscoveryService for DiscoveryGrpc {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
+        DiscoveryError::check_agent(&principal, &r.agent_id)?;
         let status = match health_from_pb(r.status, "status")? {
             None | Some(HealthStatus::Active) => ReportedStatus::Active,
             Some(HealthStatus::Degraded) => ReportedStatus::Degraded,
@@ -244,13 +248,23 @@ impl DiscoveryService for DiscoveryGrpc {
         &self,
         request: Request<pb::DeregisterAgentRequest>,
     ) -> Result<Response<pb::DeregisterAgentResponse>, Status> {
-        self.registry.deregister(&request.into_inner().agent_id).await?;
+        let principal = agentmesh_server::principal_of(request.extensions());
+        let agent_id = request.into_inner().agent_id;
+        DiscoveryError::check_agent(&principal, &agent_id)?;
+        self.registry.deregister(&agent_id).await?;
         Ok(Response::new(pb::DeregisterAgentResponse {}))
     }
 
     async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::GetAgentResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let (record, health) = self.registry.get(&request.into_inner().agent_id).await?;
-        Ok(Response::new(pb::GetAgentResponse { agent: Some(full_agent_to_pb(&record, health)) }))
+        let mut agent = full_agent_to_pb(&record, health);
+        // The address as registered is for the executor (a service) and
+        // operators: anyone else sees it without its credentials.
+        if !principal.sees_everything() {
+            agent.base_url = agentmesh_server::redact(&agent.base_url);
+        }
+        Ok(Response::new(pb::GetAgentResponse { agent: Some(agent) }))
     }
 
     async fn list_capabilities(

@@ -147,7 +147,32 @@ async fn router(
     let grpc = agentmesh_server::grpc::router(tonic::service::Routes::new(server), &[SERVICE_NAME], health_service)?
         .route_service(encoded::PATH, encoded::ListCapabilitiesRoute(discovery));
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.service.max_request_bytes });
-    Ok(agentmesh_server::stack(rest, grpc, &config.service.limits()))
+    let auth = config
+        .service
+        .authenticator("discovery")?
+        .map(|authenticator| agentmesh_server::stack::Auth { authenticator, rules: access });
+    config.service.warn_if_open("discovery");
+    Ok(agentmesh_server::stack(rest, grpc, &config.service.limits(), auth))
+}
+
+/// Which roles each call needs when authentication is on: only agents (for
+/// their own id, checked by the handlers) and operators change the
+/// registry; only services and operators read agent addresses as
+/// registered (`WatchCatalog`; `GetAgent` redacts them for anyone else).
+fn access(method: &http::Method, path: &str) -> agentmesh_server::auth::Access {
+    use agentmesh_server::auth::{Access, Kind};
+    const CHANGES: &[&str] = &[
+        "/agentmesh.v1.DiscoveryService/RegisterAgent",
+        "/agentmesh.v1.DiscoveryService/Heartbeat",
+        "/agentmesh.v1.DiscoveryService/DeregisterAgent",
+    ];
+    if CHANGES.contains(&path) || (path.starts_with("/api/v1/agents") && *method != http::Method::GET) {
+        return Access::Roles(&[Kind::Operator, Kind::Agent]);
+    }
+    if path == "/agentmesh.v1.DiscoveryService/WatchCatalog" {
+        return Access::Roles(&[Kind::Operator, Kind::Service]);
+    }
+    Access::Authenticated
 }
 
 async fn mirror_store_health(

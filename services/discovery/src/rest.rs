@@ -173,6 +173,7 @@ fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<By
 struct AgentPath {
     id: String,
     request_id: String,
+    principal: agentmesh_server::Principal,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AgentPath {
@@ -181,7 +182,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AgentPath {
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
         let RequestId(request_id) = RequestId::from_request_parts(parts, state).await.unwrap_or_else(|e| match e {});
         match Path::<String>::from_request_parts(parts, state).await {
-            Ok(Path(id)) => Ok(Self { id, request_id }),
+            Ok(Path(id)) => Ok(Self { id, request_id, principal: agentmesh_server::principal_of(&parts.extensions) }),
             Err(rejection) => {
                 let message = format!("the agent id in the path is not valid: {}", rejection.body_text());
                 Err(ApiError(DiscoveryError::invalid("agent_id", "", message), request_id).into_response())
@@ -222,11 +223,14 @@ fn parse_document(body: &[u8]) -> Result<AgentDefinition, DiscoveryError> {
 async fn register(
     State(state): State<RestState>,
     RequestId(request_id): RequestId,
+    agentmesh_server::auth::Caller(principal): agentmesh_server::auth::Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
-        state.registry.register(parse_document(&body)?).await
+        let definition = parse_document(&body)?;
+        DiscoveryError::check_agent(&principal, &definition.id)?;
+        state.registry.register(definition).await
     }
     .await;
     match result {
@@ -240,7 +244,7 @@ async fn register(
     }
 }
 
-async fn get_agent(State(state): State<RestState>, AgentPath { id, request_id }: AgentPath) -> Response {
+async fn get_agent(State(state): State<RestState>, AgentPath { id, request_id, .. }: AgentPath) -> Response {
     match state.registry.get(&id).await {
         Ok((record, health)) => Json(agent_json(&record, health)).into_response(),
         Err(e) => ApiError(e, request_id).into_response(),
@@ -264,10 +268,11 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
 
 async fn heartbeat(
     State(state): State<RestState>,
-    AgentPath { id, request_id }: AgentPath,
+    AgentPath { id, request_id, principal }: AgentPath,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
+        DiscoveryError::check_agent(&principal, &id)?;
         let body = body_or_error(body, state.max_body_bytes)?;
         let parsed: HeartbeatBody =
             if body.iter().all(u8::is_ascii_whitespace) { HeartbeatBody::default() } else { parse_body(&body)? };
@@ -301,7 +306,10 @@ async fn heartbeat(
     }
 }
 
-async fn deregister(State(state): State<RestState>, AgentPath { id, request_id }: AgentPath) -> Response {
+async fn deregister(State(state): State<RestState>, AgentPath { id, request_id, principal }: AgentPath) -> Response {
+    if let Err(e) = DiscoveryError::check_agent(&principal, &id) {
+        return ApiError(e, request_id).into_response();
+    }
     match state.registry.deregister(&id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError(e, request_id).into_response(),

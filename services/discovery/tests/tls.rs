@@ -50,7 +50,7 @@ async fn rest_and_grpc_are_served_over_tls_and_a_renewed_certificate_without_a_r
     let client = https_client(&pki.ca_pem, None);
     let ready = client.get(format!("{https}/healthz")).send().await.unwrap();
     assert!(ready.status().is_success());
-    let tls = ClientTls { ca_pem: Some(pki.ca_pem.clone().into_bytes()), identity: None };
+    let tls = ClientTls { ca_pem: Some(pki.ca_pem.clone().into_bytes()), identity: None, bearer: None };
     assert_eq!(list(&https, &tls).await.unwrap(), 0);
     // Plaintext gets nothing, and a client that does not trust the CA neither.
     assert!(agentmesh_testkit::http_client().get(format!("{}/healthz", ctx.svc.url())).send().await.is_err());
@@ -92,11 +92,12 @@ async fn with_a_client_ca_only_clients_with_its_certificates_get_in() {
     let ca = Some(pki.ca_pem.clone().into_bytes());
     let read = |p: &std::path::Path| std::fs::read(p).unwrap();
     // A service calling another presents its own certificate.
-    let with_cert = ClientTls { ca_pem: ca.clone(), identity: Some((read(&caller.cert), read(&caller.key))) };
+    let with_cert =
+        ClientTls { ca_pem: ca.clone(), identity: Some((read(&caller.cert), read(&caller.key))), bearer: None };
     assert_eq!(list(&https, &with_cert).await.unwrap(), 0);
-    let no_cert = ClientTls { ca_pem: ca.clone(), identity: None };
+    let no_cert = ClientTls { ca_pem: ca.clone(), identity: None, bearer: None };
     assert!(list(&https, &no_cert).await.is_err(), "a client without a certificate got in");
-    let foreign = ClientTls { ca_pem: ca, identity: Some((read(&stranger.cert), read(&stranger.key))) };
+    let foreign = ClientTls { ca_pem: ca, identity: Some((read(&stranger.cert), read(&stranger.key))), bearer: None };
     assert!(list(&https, &foreign).await.is_err(), "a certificate of another CA got in");
     // REST alike.
     let ok = https_client(&pki.ca_pem, Some((&caller.cert, &caller.key)));

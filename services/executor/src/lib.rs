@@ -25,7 +25,7 @@ use agentmesh_proto::v1::executor_service_server::ExecutorServiceServer;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
 use agentmesh_server::Dependency;
 use agentmesh_telemetry::http::RetryPolicy;
-use agentmesh_telemetry::rpc::traced;
+use agentmesh_telemetry::rpc::traced_with;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -243,11 +243,15 @@ pub async fn serve_with_listener(
     })?;
     let client_tls = config.service.client_tls()?;
     let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url, &client_tls)?;
-    let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced(discovery_channel.clone()))));
+    let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced_with(
+        discovery_channel.clone(),
+        &client_tls,
+    ))));
     let planner = match &config.planner_url {
-        Some(url) => {
-            Some(PlannerServiceClient::new(traced(agentmesh_telemetry::rpc::channel("planner", url, &client_tls)?)))
-        }
+        Some(url) => Some(PlannerServiceClient::new(traced_with(
+            agentmesh_telemetry::rpc::channel("planner", url, &client_tls)?,
+            &client_tls,
+        ))),
         None => None,
     };
     let egress = Arc::new(config.egress(listener.local_addr()?).await?);
@@ -269,7 +273,7 @@ pub async fn serve_with_listener(
         grpc: transport::grpc::GrpcTransport::new(
             egress,
             config.max_output_bytes,
-            agentmesh_telemetry::rpc::ClientTls { ca_pem: agent_ca, identity: None },
+            agentmesh_telemetry::rpc::ClientTls { ca_pem: agent_ca, identity: None, bearer: None },
         ),
         breakers: breaker::Breakers::new(
             config.circuit_failure_threshold,
@@ -287,6 +291,7 @@ pub async fn serve_with_listener(
     let server = ExecutorServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
     tracing::info!(backend = store.backend(), replica = %owner, "executor replica {owner} on {}", store.backend());
     agentmesh_server::Service::new("executor", SERVICE_NAME, tonic::service::Routes::new(server))
+        .authorize(agentmesh_server::auth::mesh_callers)
         .metrics(move || metrics.render())
         .depends_on(vec![
             Dependency::store(store, |store| async move { store.ping().await }),

@@ -49,7 +49,48 @@ fn valid_execution_id(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
 }
 
+/// Who an execution started by this call belongs to: the caller, or, when
+/// the caller is another service of the mesh (the gateway), the client it
+/// names in `x-agentmesh-on-behalf-of`.
+fn owner_of<T>(request: &Request<T>) -> String {
+    let principal = agentmesh_server::principal_of(request.extensions());
+    let on_behalf = request
+        .metadata()
+        .get(agentmesh_server::auth::ON_BEHALF_OF)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 256);
+    match on_behalf {
+        Some(client) if principal.sees_everything() => client.to_owned(),
+        _ => principal.name,
+    }
+}
+
+/// The principal an execution's stored spec names.
+fn owner_in(spec: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Owner {
+        #[serde(default)]
+        principal: String,
+    }
+    serde_json::from_str::<Owner>(spec).map(|o| o.principal).unwrap_or_default()
+}
+
 impl ExecutorGrpc {
+    /// Refuses a caller that neither started execution `id` nor sees
+    /// everything (`PERMISSION_DENIED`), and any caller when there is none
+    /// (`NOT_FOUND`).
+    async fn check_owner(&self, principal: &agentmesh_server::Principal, id: &str) -> Result<(), Status> {
+        let row = self.engine.store.get(id).await.map_err(ExecutorError::from)?;
+        let row = row.ok_or_else(|| ExecutorError::NotFound(id.to_owned()))?;
+        if principal.sees_everything() || principal.owns(&owner_in(&row.spec)) {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "`{}` may not read, cancel or extend execution `{id}`: another principal started it",
+            principal.name
+        )))
+    }
+
     /// Checks an `Execute` request and fills in the defaults.
     fn accept(&self, r: pb::ExecuteRequest) -> Result<Accepted, ExecutorError> {
         let plan = r.plan.as_ref().ok_or_else(|| invalid("plan", "a plan is required (zero steps is a valid plan)"))?;
@@ -128,6 +169,7 @@ impl ExecutorGrpc {
                 caller_agent_ids: r.caller_agent_ids,
                 exclude_agents: r.exclude_agents,
                 allow: r.allow,
+                principal: String::new(),
             },
             traceparent: agentmesh_telemetry::propagation::traceparent(&tracing::Span::current()).unwrap_or_default(),
         })
@@ -178,7 +220,9 @@ impl ExecutorService for ExecutorGrpc {
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let incoming = incoming_traceparent(request.metadata());
+        let owner = owner_of(&request);
         let mut accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
+        accepted.spec.principal = owner;
         if accepted.traceparent.is_empty() {
             accepted.traceparent = incoming;
         }
@@ -202,10 +246,9 @@ impl ExecutorService for ExecutorGrpc {
         &self,
         request: Request<pb::WatchExecutionRequest>,
     ) -> Result<Response<Self::WatchExecutionStream>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
-        if self.engine.store.get(&r.execution_id).await.map_err(ExecutorError::from)?.is_none() {
-            return Err(ExecutorError::NotFound(r.execution_id).into());
-        }
+        self.check_owner(&principal, &r.execution_id).await?;
         let events = watch::stream(self.engine.clone(), r.execution_id, r.from_sequence);
         Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(events, |e| {
             e.map(|event| pb::WatchExecutionResponse { event: Some(event) })
@@ -216,7 +259,9 @@ impl ExecutorService for ExecutorGrpc {
         &self,
         request: Request<pb::ExtendExecutionRequest>,
     ) -> Result<Response<Self::ExtendExecutionStream>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
+        self.check_owner(&principal, &r.execution_id).await?;
         if r.steps.is_empty() && r.collaborations.is_empty() {
             return Err(invalid("steps", "at least one step or collaboration is required").into());
         }
@@ -249,7 +294,9 @@ impl ExecutorService for ExecutorGrpc {
         &self,
         request: Request<pb::GetExecutionRequest>,
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let id = request.into_inner().execution_id;
+        self.check_owner(&principal, &id).await?;
         let (row, state) = self.engine.load(&id).await?.ok_or_else(|| ExecutorError::NotFound(id.clone()))?;
         let execution = execution_to_pb(&id, &state, trace_id_of(&row.traceparent));
         Ok(Response::new(pb::GetExecutionResponse { execution: Some(execution) }))
@@ -259,7 +306,9 @@ impl ExecutorService for ExecutorGrpc {
         &self,
         request: Request<pb::CancelExecutionRequest>,
     ) -> Result<Response<pb::CancelExecutionResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
+        self.check_owner(&principal, &r.execution_id).await?;
         let reason = if r.reason.trim().is_empty() { "cancelled by request".to_owned() } else { r.reason };
         let row = self
             .engine
@@ -285,6 +334,7 @@ impl ExecutorService for ExecutorGrpc {
         &self,
         request: Request<pb::ListExecutionsRequest>,
     ) -> Result<Response<pb::ListExecutionsResponse>, Status> {
+        let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
         let size = match r.page_size {
             0 => 50,
@@ -309,6 +359,10 @@ impl ExecutorService for ExecutorGrpc {
         };
         let filter = ExecutionFilter { statuses, request_id: r.request_id, before, limit: size + 1 };
         let mut rows = self.engine.store.list(&filter).await.map_err(ExecutorError::from)?;
+        // A client lists only what it started.
+        if !principal.sees_everything() {
+            rows.retain(|row| principal.owns(&owner_in(&row.spec)));
+        }
         let more = rows.len() > usize::try_from(size).unwrap_or(usize::MAX);
         rows.truncate(usize::try_from(size).unwrap_or(usize::MAX));
         let next_page_token = match (more, rows.last()) {

@@ -112,7 +112,7 @@ pub async fn serve_with_listener(
     let planner = channel("planner", &config.planner_url)?;
     let executor = channel("executor", &config.executor_url)?;
     let synthesis = channel("synthesis", &config.synthesis_url)?;
-    let traced = agentmesh_telemetry::rpc::traced;
+    let traced = |channel| agentmesh_telemetry::rpc::traced_with(channel, &tls);
     let metrics = Arc::new(metrics::Metrics::new().context("registering metrics")?);
     let log = agentmesh_store::connect_orchestration_log(&config.service.database_url)
         .await
@@ -143,6 +143,7 @@ pub async fn serve_with_listener(
         .with_state(shared);
     let purge = agentmesh_store::spawn_orchestration_purge(log);
     let result = agentmesh_server::Service::new("gateway", SERVICE_NAME, tonic::service::Routes::new(server))
+        .authorize(agentmesh_server::auth::mesh_callers)
         .http(rest)
         .metrics(move || metrics.render())
         .depends_on(vec![

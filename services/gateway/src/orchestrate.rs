@@ -73,6 +73,9 @@ pub struct Orchestration {
     metrics: Arc<Metrics>,
     events: EventWriter,
     started: Instant,
+    /// The principal that started it, named to the executor, which makes
+    /// it the execution's owner.
+    owner: String,
 }
 
 impl Orchestration {
@@ -98,6 +101,7 @@ impl Orchestration {
             execution_id: String::new(),
             execution_finished: false,
             run: ExecutionState::following(Plan::default()),
+            owner: String::new(),
         }
     }
 
@@ -113,11 +117,23 @@ impl Orchestration {
         self.tx.send(message).await.map_err(|_| Stop::Gone)
     }
 
-    /// A request to a stage, with the request id and the time left.
+    /// The orchestration started by `owner` (a principal's name).
+    pub fn owned_by(mut self, owner: String) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// A request to a stage, with the request id, the client it is made
+    /// for and the time left.
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Ok(value) = self.request_id.parse() {
             request.metadata_mut().insert("x-request-id", value);
+        }
+        if !self.owner.is_empty()
+            && let Ok(value) = self.owner.parse()
+        {
+            request.metadata_mut().insert(agentmesh_server::auth::ON_BEHALF_OF, value);
         }
         request.set_timeout(self.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
         request

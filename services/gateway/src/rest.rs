@@ -158,6 +158,7 @@ fn error(status: StatusCode, code: &str, message: &str, details: Option<Value>, 
 pub async fn orchestrate(
     State(shared): State<Arc<Shared>>,
     request_id: RequestId,
+    agentmesh_server::auth::Caller(principal): agentmesh_server::auth::Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -208,7 +209,7 @@ pub async fn orchestrate(
                 &request_id,
             );
         };
-        return resume_stream(&shared, id, after).await;
+        return resume_stream(&shared, id, after, &principal).await;
     }
     let request = match parsed.into_request() {
         Ok(request) => request,
@@ -223,7 +224,7 @@ pub async fn orchestrate(
         request_id: if request.request_id.is_empty() { request_id.clone() } else { request.request_id },
         ..request
     };
-    let started = match shared.start(request, None).await {
+    let started = match shared.start(request, None, &principal).await {
         Ok(started) => started,
         Err(status) => {
             let code = code_name(status.code());
@@ -261,6 +262,7 @@ pub async fn orchestrate(
 /// server-sent events, then new ones until the last.
 pub async fn resume(
     State(shared): State<Arc<Shared>>,
+    agentmesh_server::auth::Caller(principal): agentmesh_server::auth::Caller,
     Path(request_id): Path<String>,
     Query(query): Query<ResumeQuery>,
     headers: HeaderMap,
@@ -280,7 +282,7 @@ pub async fn resume(
             );
         }
     };
-    resume_stream(&shared, request_id, after).await
+    resume_stream(&shared, request_id, after, &principal).await
 }
 
 /// `?after=N` of a resume.
@@ -290,7 +292,12 @@ pub struct ResumeQuery {
     after: Option<i64>,
 }
 
-async fn resume_stream(shared: &Arc<Shared>, request_id: String, after: i64) -> Response {
+async fn resume_stream(
+    shared: &Arc<Shared>,
+    request_id: String,
+    after: i64,
+    principal: &agentmesh_server::Principal,
+) -> Response {
     // The id is quoted in answers and logs: held to what a header's must be.
     if let Err(message) = agentmesh_server::check_request_id(&request_id) {
         return error(
@@ -301,11 +308,16 @@ async fn resume_stream(shared: &Arc<Shared>, request_id: String, after: i64) -> 
             &agentmesh_server::new_request_id(),
         );
     }
-    if !shared.known(&request_id).await {
+    let Some(owner) = shared.owner(&request_id).await else {
         let message = format!(
             "no orchestration `{request_id}` is kept (messages are kept for event_retention_secs after they are sent)"
         );
         return error(StatusCode::NOT_FOUND, "not_found", &message, None, &request_id);
+    };
+    if !principal.owns(&owner) {
+        let message =
+            format!("`{}` may not follow orchestration `{request_id}`: another principal started it", principal.name);
+        return error(StatusCode::FORBIDDEN, "permission_denied", &message, None, &request_id);
     }
     shared.metrics.resumed.inc();
     tracing::info!(request_id, after, "resuming an orchestration stream");

@@ -131,6 +131,7 @@ impl Shared {
         &self,
         mut request: pb::OrchestrateRequest,
         client_timeout: Option<Duration>,
+        principal: &agentmesh_server::Principal,
     ) -> Result<Started, Status> {
         if request.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
@@ -161,7 +162,7 @@ impl Shared {
         // resumed, as with every message the log fails to keep).
         let claimed = match self
             .log
-            .claim(&request.request_id, chrono::Utc::now().timestamp_millis(), self.retention)
+            .claim(&request.request_id, &principal.name, chrono::Utc::now().timestamp_millis(), self.retention)
             .await
         {
             Ok(claimed) => claimed,
@@ -189,7 +190,8 @@ impl Shared {
             timeout,
             self.metrics.clone(),
             self.events.clone(),
-        );
+        )
+        .owned_by(principal.name.clone());
         tracing::info!(parent: &span, request_id = %request_id, "orchestration started");
         tokio::spawn(orchestration.run(request).instrument(span));
         Ok(Started { request_id, trace_id, messages: rx })
@@ -198,10 +200,18 @@ impl Shared {
 
 impl Shared {
     /// Whether an orchestration with this request id was started (its
-    /// claim, at sequence 0, counts: its first message may not be stored yet).
-    pub async fn known(&self, request_id: &str) -> bool {
+    /// claim, at sequence 0, counts: its first message may not be stored
+    /// yet), and who started it (`Some("")`: nobody known, authentication
+    /// off then, or the claim not kept).
+    pub async fn owner(&self, request_id: &str) -> Option<String> {
         let now = chrono::Utc::now().timestamp_millis();
-        self.log.events_after(request_id, -1, 1, now).await.is_ok_and(|rows| !rows.is_empty())
+        let rows = self.log.events_after(request_id, -1, 1, now).await.ok()?;
+        let first = rows.first()?;
+        if first.sequence != 0 {
+            return Some(String::new());
+        }
+        let data: serde_json::Value = serde_json::from_str(&first.data).unwrap_or_default();
+        Some(data["owner"].as_str().unwrap_or_default().to_owned())
     }
 }
 
@@ -223,7 +233,11 @@ impl GatewayService for GatewayGrpc {
     ) -> Result<Response<Self::OrchestrateStream>, Status> {
         let timeout = agentmesh_server::call_timeout(request.metadata());
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
-        let started = self.shared.start(pb::OrchestrateRequest { request_id, ..request.into_inner() }, timeout).await?;
+        let principal = agentmesh_server::principal_of(request.extensions());
+        let started = self
+            .shared
+            .start(pb::OrchestrateRequest { request_id, ..request.into_inner() }, timeout, &principal)
+            .await?;
         let stream: Messages = Box::pin(ReceiverStream::new(started.messages).map(Ok));
         let mut response = Response::new(stream);
         if let Ok(value) = started.request_id.parse() {

@@ -131,11 +131,23 @@ pub async fn serve_with_listener(
     let server = PlannerServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
     let observed = metrics.clone();
     agentmesh_server::Service::new("planner", SERVICE_NAME, tonic::service::Routes::new(server))
+        .authorize(access)
         .layer_grpc(move |grpc| grpc.layer(axum::middleware::from_fn_with_state(observed, routes::observe_rpc)))
         .metrics(move || metrics.render())
         .depends_on(reasoning.dependencies())
         .serve(&config.service, listener, shutdown)
         .await
+}
+
+/// Which roles each call needs when authentication is on: plans for
+/// clients, services and operators; the interaction log (every prompt and
+/// answer) for operators only.
+fn access(method: &axum::http::Method, path: &str) -> agentmesh_server::auth::Access {
+    use agentmesh_server::auth::{Access, Kind};
+    if path == "/agentmesh.v1.PlannerService/ListInteractions" {
+        return Access::Roles(&[Kind::Operator]);
+    }
+    agentmesh_server::auth::mesh_callers(method, path)
 }
 
 #[cfg(test)]

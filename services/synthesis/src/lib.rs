@@ -134,6 +134,7 @@ pub async fn serve_with_listener(
     };
     let server = SynthesisServiceServer::new(service).max_decoding_message_size(config.service.max_request_bytes);
     agentmesh_server::Service::new("synthesis", SERVICE_NAME, tonic::service::Routes::new(server))
+        .authorize(agentmesh_server::auth::mesh_callers)
         .metrics(move || metrics.render())
         .depends_on(reasoning.dependencies())
         .serve(&config.service, listener, shutdown)

@@ -71,6 +71,11 @@ struct Args {
     /// a receiver in this process). Each mode runs its own server.
     #[arg(long, value_delimiter = ',', default_value = "off")]
     traces: Vec<String>,
+    /// Serve over TLS (a certificate from a CA made for the run) with
+    /// authentication on: every client verifies the certificate and sends
+    /// a bearer token, every request is checked against the tokens file.
+    #[arg(long)]
+    secure: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -86,7 +91,44 @@ enum Command {
         /// OTLP/gRPC endpoint to export every span to.
         #[arg(long)]
         otlp_endpoint: Option<String>,
+        /// A directory holding `server.pem`, `server.key` and `tokens.toml`:
+        /// serve TLS and require tokens.
+        #[arg(long)]
+        secure_dir: Option<std::path::PathBuf>,
     },
+}
+
+/// What the clients of a `--secure` run trust and present.
+struct Secure {
+    ca_pem: String,
+    token: String,
+}
+
+/// Set once, for a `--secure` run.
+static SECURE: std::sync::OnceLock<Secure> = std::sync::OnceLock::new();
+
+/// An HTTP client for the run: trusting the run's CA and sending its token
+/// when secure.
+fn http_client() -> anyhow::Result<reqwest::ClientBuilder> {
+    let mut builder = agentmesh_llm::client_builder();
+    if let Some(secure) = SECURE.get() {
+        builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(secure.ca_pem.as_bytes())?);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", secure.token).parse()?);
+        builder = builder.default_headers(headers);
+    }
+    Ok(builder)
+}
+
+/// A gRPC request carrying the run's token when secure.
+fn authed<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(secure) = SECURE.get()
+        && let Ok(value) = format!("Bearer {}", secure.token).parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -194,7 +236,13 @@ struct GrpcOptions {
 }
 
 fn grpc_endpoint(base: &str, max_frame_kib: u32) -> anyhow::Result<tonic::transport::Endpoint> {
-    let endpoint = tonic::transport::Channel::from_shared(base.to_owned())?;
+    let mut endpoint = tonic::transport::Channel::from_shared(base.to_owned())?;
+    if let Some(secure) = SECURE.get() {
+        endpoint = endpoint.tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&secure.ca_pem)),
+        )?;
+    }
     Ok(if max_frame_kib == 0 { endpoint } else { endpoint.max_frame_size(max_frame_kib * 1024) })
 }
 
@@ -219,7 +267,7 @@ impl GrpcCaller {
     async fn call(&mut self, request: pb::ListCapabilitiesRequest) -> Result<Option<usize>, tonic::Status> {
         match self {
             Self::Decoded(client) => {
-                let response = client.list_capabilities(request).await?.into_inner();
+                let response = client.list_capabilities(authed(request)).await?.into_inner();
                 Ok(Some(response.capabilities.len()))
             }
             Self::Raw(grpc) => {
@@ -233,7 +281,12 @@ impl GrpcCaller {
     }
 }
 
-async fn serve_child(database_url: String, cache_ttl_secs: f64, otlp_endpoint: Option<String>) -> anyhow::Result<()> {
+async fn serve_child(
+    database_url: String,
+    cache_ttl_secs: f64,
+    otlp_endpoint: Option<String>,
+    secure_dir: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
     let telemetry = agentmesh_telemetry::init(
         "agentmesh-discovery",
         &agentmesh_telemetry::TelemetryConfig {
@@ -246,10 +299,15 @@ async fn serve_child(database_url: String, cache_ttl_secs: f64, otlp_endpoint: O
     )?;
     let listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
-    let config = agentmesh_discovery::DiscoveryConfig {
+    let mut config = agentmesh_discovery::DiscoveryConfig {
         cache_ttl_secs,
         ..agentmesh_discovery::DiscoveryConfig::with_database_url(database_url)
     };
+    if let Some(dir) = secure_dir {
+        config.service.tls_cert_file = Some(dir.join("server.pem"));
+        config.service.tls_key_file = Some(dir.join("server.key"));
+        config.service.auth_tokens_file = Some(dir.join("tokens.toml"));
+    }
     let served = agentmesh_discovery::serve_with_listener(config, listener, async {
         let mut sink = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut sink).await;
@@ -260,7 +318,7 @@ async fn serve_child(database_url: String, cache_ttl_secs: f64, otlp_endpoint: O
 }
 
 async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
-    let client = agentmesh_llm::client_builder().build()?;
+    let client = http_client()?.build()?;
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
@@ -285,7 +343,7 @@ async fn register_all(base: &str, n: usize) -> anyhow::Result<()> {
 /// The size of one answer to `query`: REST JSON and the gRPC message.
 async fn answer_sizes(base: &str, query: Query) -> anyhow::Result<(usize, usize)> {
     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
-    let json = agentmesh_llm::client_builder().build()?.get(url).send().await?.error_for_status()?.bytes().await?;
+    let json = http_client()?.build()?.get(url).send().await?.error_for_status()?.bytes().await?;
     let mut grpc = tonic::client::Grpc::new(grpc_endpoint(base, 0)?.connect().await?);
     let message = raw_list_capabilities(&mut grpc, query.grpc()).await?;
     Ok((json.len(), message.len()))
@@ -298,7 +356,7 @@ async fn raw_list_capabilities(
 ) -> Result<bytes::Bytes, tonic::Status> {
     grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     let path = http::uri::PathAndQuery::from_static(agentmesh_discovery::encoded::PATH);
-    Ok(grpc.unary(tonic::Request::new(request), path, RawResponse).await?.into_inner())
+    Ok(grpc.unary(authed(request), path, RawResponse).await?.into_inner())
 }
 
 /// The measured window: it opens after 0.5 s of warm-up.
@@ -414,7 +472,7 @@ async fn run_load(
                     measured.lat
                 }
                 Protocol::Rest => {
-                    let client = agentmesh_llm::client_builder().pool_max_idle_per_host(1).http1_only().build()?;
+                    let client = http_client()?.pool_max_idle_per_host(1).http1_only().build()?;
                     let url = format!("{base}/api/v1/discovery/capabilities?{}", query.rest());
                     // Connect first (one request outside the measurement), as
                     // the gRPC clients do.
@@ -449,9 +507,29 @@ async fn run_load(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Serve { database_url, cache_ttl_secs, otlp_endpoint }) = args.command {
-        return serve_child(database_url, cache_ttl_secs, otlp_endpoint).await;
+    if let Some(Command::Serve { database_url, cache_ttl_secs, otlp_endpoint, secure_dir }) = args.command {
+        return serve_child(database_url, cache_ttl_secs, otlp_endpoint, secure_dir).await;
     }
+    agentmesh_testkit::install_tls();
+    // A secure run's CA, server certificate and tokens file, kept while it runs.
+    let pki = if args.secure {
+        let pki = agentmesh_testkit::TestPki::new("bench")?;
+        let issued = pki.issue("server")?;
+        std::fs::copy(&issued.cert, pki.dir().join("server.pem"))?;
+        std::fs::copy(&issued.key, pki.dir().join("server.key"))?;
+        let token = format!("bench-{:016x}", rand::random::<u64>());
+        std::fs::write(
+            pki.dir().join("tokens.toml"),
+            format!(
+                "[[token]]\nprincipal = \"bench\"\nroles = [\"operator\"]\nsha256 = \"{}\"\n",
+                agentmesh_server::auth::token_hash(&token)
+            ),
+        )?;
+        let _ = SECURE.set(Secure { ca_pem: pki.ca_pem.clone(), token });
+        Some(pki)
+    } else {
+        None
+    };
     let receiver = if args.traces.iter().any(|t| t == "on") {
         Some(agentmesh_testkit::OtlpReceiver::start_counting().await?)
     } else {
@@ -471,6 +549,9 @@ async fn main() -> anyhow::Result<()> {
         if let (Some(receiver), "on") = (&receiver, traces) {
             command.args(["--otlp-endpoint", &receiver.endpoint()]);
         }
+        if let Some(pki) = &pki {
+            command.arg("--secure-dir").arg(pki.dir());
+        }
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -482,22 +563,21 @@ async fn main() -> anyhow::Result<()> {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).await?;
         let port: u16 = line.trim().strip_prefix("PORT ").context("child did not print its port")?.parse()?;
-        let base = format!("http://127.0.0.1:{port}");
+        let base = if pki.is_some() { format!("https://localhost:{port}") } else { format!("http://127.0.0.1:{port}") };
         let loaded = Instant::now();
         register_all(&base, n).await?;
         eprintln!("registered {n} agents in {:.1}s", loaded.elapsed().as_secs_f64());
         // Let the server finish processing the registrations' notifications:
         // the table measures the steady state.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        agentmesh_llm::client_builder()
+        http_client()?
             .build()?
             .get(format!("{base}/api/v1/discovery/capabilities"))
             .send()
             .await?
             .error_for_status()?;
         let (rss_loaded, _) = rss_mib(pid).unwrap_or((f64::NAN, f64::NAN));
-        let metrics =
-            agentmesh_llm::client_builder().build()?.get(format!("{base}/metrics")).send().await?.text().await?;
+        let metrics = http_client()?.build()?.get(format!("{base}/metrics")).send().await?.text().await?;
         let snapshot_mib = metrics
             .lines()
             .find_map(|l| l.strip_prefix("agentmesh_discovery_cache_size_bytes "))

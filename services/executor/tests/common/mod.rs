@@ -63,11 +63,22 @@ impl Mesh {
 
     /// Like [`Mesh::start`], adjusting the executor's configuration first.
     pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut ExecutorConfig)) -> Option<Self> {
+        Self::start_configured(backend, |_| {}, adjust).await
+    }
+
+    /// Like [`Mesh::start`], adjusting discovery's and the executor's
+    /// configurations first.
+    pub async fn start_configured(
+        backend: Backend,
+        adjust_discovery: impl FnOnce(&mut DiscoveryConfig),
+        adjust: impl FnOnce(&mut ExecutorConfig),
+    ) -> Option<Self> {
         agentmesh_testkit::init_tracing();
         let db = TestDatabase::new(backend).await?;
-        let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone()))
-            .await
-            .unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
+        let mut discovery_config = DiscoveryConfig::with_database_url(db.url.clone());
+        adjust_discovery(&mut discovery_config);
+        let discovery =
+            spawn_discovery(discovery_config).await.unwrap_or_else(|e| panic!("discovery did not start: {e:#}"));
         let mut config = ExecutorConfig {
             discovery_url: discovery.url(),
             retry_base_ms: 20,

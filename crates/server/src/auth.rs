@@ -1,0 +1,367 @@
+//! Who is calling, and whether they may: bearer tokens listed (hashed) in a
+//! file every service can read, each naming a principal and its roles.
+//! The shared stack authenticates every call but the probes, gRPC and REST
+//! alike, and a service's rules say which roles each call needs;
+//! handlers that need more (an agent registering only its own id, a client
+//! reading only its own executions) read the [`Principal`] from the
+//! request's extensions.
+//!
+//! The file, TOML, re-read when it changes:
+//!
+//! ```toml
+//! [[token]]
+//! principal = "checkout-service"
+//! roles = ["client"]
+//! sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+//! ```
+//!
+//! `sha256` is the hex SHA-256 of the token (`printf %s "$TOKEN" | sha256sum`,
+//! or `agentmesh token`): the file never holds a token itself.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use serde::Deserialize;
+use sha2::Digest as _;
+
+/// A role a principal holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Everything.
+    Operator,
+    /// Orchestrate, plan, execute; its own executions, orchestrations and
+    /// interactions.
+    Client,
+    /// Another service of the mesh: what its calls need.
+    Service,
+    /// Register, heartbeat and remove the agent with this id.
+    Agent(String),
+}
+
+impl Role {
+    /// `operator`, `client`, `service` or `agent:<id>`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "operator" => Ok(Self::Operator),
+            "client" => Ok(Self::Client),
+            "service" => Ok(Self::Service),
+            _ => match text.strip_prefix("agent:") {
+                Some(id) if !id.is_empty() => Ok(Self::Agent(id.to_owned())),
+                _ => Err(format!("unknown role `{text}`: the roles are operator, client, service and agent:<id>")),
+            },
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Operator => Kind::Operator,
+            Self::Client => Kind::Client,
+            Self::Service => Kind::Service,
+            Self::Agent(_) => Kind::Agent,
+        }
+    }
+}
+
+/// A role without its agent id, for rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// [`Role::Operator`].
+    Operator,
+    /// [`Role::Client`].
+    Client,
+    /// [`Role::Service`].
+    Service,
+    /// Any [`Role::Agent`].
+    Agent,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Client => "client",
+            Self::Service => "service",
+            Self::Agent => "agent:<id>",
+        }
+    }
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The name the tokens file gives it.
+    pub name: String,
+    /// Its roles.
+    pub roles: Vec<Role>,
+}
+
+impl Principal {
+    /// The principal of a service when authentication is off: everything.
+    pub fn anonymous_operator() -> Self {
+        Self { name: String::new(), roles: vec![Role::Operator] }
+    }
+
+    /// Whether it holds a role of this kind.
+    pub fn has(&self, kind: Kind) -> bool {
+        self.roles.iter().any(|r| r.kind() == kind)
+    }
+
+    /// Operators and services see and act on everything.
+    pub fn sees_everything(&self) -> bool {
+        self.has(Kind::Operator) || self.has(Kind::Service)
+    }
+
+    /// Whether it may register, heartbeat or remove the agent `id`.
+    pub fn may_manage_agent(&self, id: &str) -> bool {
+        self.has(Kind::Operator) || self.roles.iter().any(|r| matches!(r, Role::Agent(own) if own == id))
+    }
+
+    /// Whether it may read or act on what `owner` started (`""`: started
+    /// without authentication, an operator's to see).
+    pub fn owns(&self, owner: &str) -> bool {
+        self.sees_everything() || (!owner.is_empty() && owner == self.name)
+    }
+}
+
+/// Metadata a service of the mesh sends with a call it makes for a client
+/// (the gateway's `Execute`): the client's principal, who then owns what
+/// the call starts. Taken into account only from services and operators.
+pub const ON_BEHALF_OF: &str = "x-agentmesh-on-behalf-of";
+
+/// The principal of a request, from its extensions: the caller, or an
+/// anonymous operator when the service runs without authentication.
+pub fn principal_of(extensions: &http::Extensions) -> Principal {
+    extensions.get::<Principal>().cloned().unwrap_or_else(Principal::anonymous_operator)
+}
+
+/// The caller of a REST request, as an extractor ([`principal_of`]).
+pub struct Caller(pub Principal);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(principal_of(&parts.extensions)))
+    }
+}
+
+/// Which roles a call needs: a service's rules map its paths (gRPC
+/// `/pkg.Service/Method`, REST `/api/v1/...`) to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Any authenticated caller.
+    Authenticated,
+    /// A caller holding one of these.
+    Roles(&'static [Kind]),
+}
+
+/// A service's rules: the access a call to `path` with `method` needs.
+pub type Rules = fn(&http::Method, &str) -> Access;
+
+/// Every authenticated caller may make every call (the handlers still
+/// check ownership).
+pub fn any_authenticated(_: &http::Method, _: &str) -> Access {
+    Access::Authenticated
+}
+
+/// Clients, services and operators, never agents: the rules of the
+/// planner, the executor, synthesis and the gateway (their handlers check
+/// what a client owns).
+pub fn mesh_callers(_: &http::Method, _: &str) -> Access {
+    Access::Roles(&[Kind::Operator, Kind::Service, Kind::Client])
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    token: Vec<TokenEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    principal: String,
+    roles: Vec<String>,
+    sha256: String,
+}
+
+/// The tokens of a file, by hash.
+#[derive(Debug, Default)]
+struct Tokens {
+    by_hash: HashMap<[u8; 32], Principal>,
+}
+
+impl Tokens {
+    fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("auth_tokens_file: cannot read {}", path.display()))?;
+        let file: TokensFile =
+            toml::from_str(&text).with_context(|| format!("auth_tokens_file {} is not valid", path.display()))?;
+        let mut by_hash = HashMap::new();
+        for (i, entry) in file.token.into_iter().enumerate() {
+            let at = || format!("auth_tokens_file {}, token {} (`{}`)", path.display(), i + 1, entry.principal);
+            anyhow::ensure!(!entry.principal.trim().is_empty(), "{}: principal is empty", at());
+            let hash: [u8; 32] = hex::decode(entry.sha256.trim())
+                .ok()
+                .and_then(|bytes| bytes.try_into().ok())
+                .with_context(|| format!("{}: sha256 must be 64 hex digits, the SHA-256 of the token", at()))?;
+            let roles = entry
+                .roles
+                .iter()
+                .map(|r| Role::parse(r))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            anyhow::ensure!(!roles.is_empty(), "{}: give it at least one role", at());
+            let principal = Principal { name: entry.principal.clone(), roles };
+            anyhow::ensure!(by_hash.insert(hash, principal).is_none(), "{}: the same token is listed twice", at());
+        }
+        Ok(Self { by_hash })
+    }
+}
+
+/// The hex SHA-256 of a token, as the tokens file lists it.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// How often the tokens file is looked at for a change.
+const RELOAD_CHECK: Duration = Duration::from_secs(5);
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No credential, or one not known: `UNAUTHENTICATED`, 401.
+    Unauthenticated(String),
+    /// Known, without the role: `PERMISSION_DENIED`, 403.
+    Denied(String),
+}
+
+/// Checks callers against the tokens file, re-read when it changes.
+#[derive(Clone)]
+pub struct Authenticator {
+    tokens: Arc<RwLock<Arc<Tokens>>>,
+}
+
+impl Authenticator {
+    /// Loads `path` (an error names what is wrong in it), then looks at it
+    /// every few seconds and loads it again once it changes, for as long as
+    /// this value or a clone lives; a change that does not load keeps the
+    /// tokens in force, and is logged.
+    pub fn watch(path: PathBuf, name: &'static str) -> anyhow::Result<Self> {
+        let tokens = Arc::new(RwLock::new(Arc::new(Tokens::load(&path)?)));
+        let weak = Arc::downgrade(&tokens);
+        let stamp = |p: &Path| -> Option<(SystemTime, u64)> {
+            std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))
+        };
+        tokio::spawn(async move {
+            let mut seen = stamp(&path);
+            loop {
+                tokio::time::sleep(RELOAD_CHECK).await;
+                let Some(tokens) = weak.upgrade() else { return };
+                let now = stamp(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match Tokens::load(&path) {
+                    Ok(loaded) => {
+                        let count = loaded.by_hash.len();
+                        *tokens.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(loaded);
+                        tracing::info!(service = name, tokens = count, "auth_tokens_file reloaded");
+                    }
+                    Err(e) => tracing::warn!(service = name, error = %format!("{e:#}"),
+                        "auth_tokens_file changed but cannot be loaded; the previous tokens stay in force"),
+                }
+            }
+        });
+        Ok(Self { tokens })
+    }
+
+    /// The caller of a request with these headers, allowed `access`.
+    pub fn check(&self, headers: &http::HeaderMap, access: Access) -> Result<Principal, Refusal> {
+        let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+            return Err(Refusal::Unauthenticated(
+                "no credentials: send the header `authorization: Bearer <token>`".into(),
+            ));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| Refusal::Unauthenticated("the authorization header is not `Bearer <token>`".into()))?;
+        let hash: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let tokens = self.tokens.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let principal = tokens
+            .by_hash
+            .get(&hash)
+            .cloned()
+            .ok_or_else(|| Refusal::Unauthenticated("the bearer token is not known to this service".into()))?;
+        match access {
+            Access::Authenticated => Ok(principal),
+            Access::Roles(kinds) if kinds.iter().any(|k| principal.has(*k)) => Ok(principal),
+            Access::Roles(kinds) => Err(Refusal::Denied(format!(
+                "`{}` may not make this call: it needs the role {}",
+                principal.name,
+                kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(" or ")
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("agentmesh-tokens-{:x}.toml", rand::random::<u64>()));
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    fn bearer(token: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers
+            .insert(http::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap_or_else(|e| panic!("{e}")));
+        headers
+    }
+
+    #[test]
+    fn tokens_are_known_by_their_hash_and_roles_are_checked() {
+        let path = file(&format!(
+            "[[token]]\nprincipal = \"shop\"\nroles = [\"client\"]\nsha256 = \"{}\"\n\n[[token]]\nprincipal = \"weather\"\nroles = [\"agent:weather-tool-v2\"]\nsha256 = \"{}\"\n",
+            token_hash("s3cret-shop"),
+            token_hash("s3cret-weather")
+        ));
+        let tokens = Tokens::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        let auth = Authenticator { tokens: Arc::new(RwLock::new(Arc::new(tokens))) };
+        let shop = auth.check(&bearer("s3cret-shop"), Access::Authenticated).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(shop.name, "shop");
+        assert!(!shop.may_manage_agent("weather-tool-v2") && shop.owns("shop") && !shop.owns("other"));
+        let weather =
+            auth.check(&bearer("s3cret-weather"), Access::Roles(&[Kind::Agent])).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(weather.may_manage_agent("weather-tool-v2") && !weather.may_manage_agent("stocks"));
+        let denied = auth.check(&bearer("s3cret-shop"), Access::Roles(&[Kind::Operator, Kind::Service]));
+        assert_eq!(
+            denied,
+            Err(Refusal::Denied("`shop` may not make this call: it needs the role operator or service".into()))
+        );
+        let unknown = auth.check(&bearer("guess"), Access::Authenticated);
+        assert!(matches!(unknown, Err(Refusal::Unauthenticated(m)) if !m.contains("guess")));
+        assert!(matches!(auth.check(&http::HeaderMap::new(), Access::Authenticated), Err(Refusal::Unauthenticated(_))));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_bad_tokens_file_says_where() {
+        let path = file("[[token]]\nprincipal = \"x\"\nroles = [\"root\"]\nsha256 = \"abc\"\n");
+        let said = format!("{:#}", Tokens::load(&path).err().unwrap_or_else(|| panic!("accepted")));
+        assert!(said.contains("token 1 (`x`)") && said.contains("64 hex digits"), "{said}");
+        let _ = std::fs::remove_file(path);
+    }
+}
