@@ -514,9 +514,8 @@ async fn main() -> anyhow::Result<()> {
     // A secure run's CA, server certificate and tokens file, kept while it runs.
     let pki = if args.secure {
         let pki = agentmesh_testkit::TestPki::new("bench")?;
-        let issued = pki.issue("server")?;
-        std::fs::copy(&issued.cert, pki.dir().join("server.pem"))?;
-        std::fs::copy(&issued.key, pki.dir().join("server.key"))?;
+        // Written as server.pem and server.key, where the child reads them.
+        pki.issue("server")?;
         let token = format!("bench-{:016x}", rand::random::<u64>());
         std::fs::write(
             pki.dir().join("tokens.toml"),

@@ -46,6 +46,11 @@ struct Args {
     /// Runs of each scenario (after one unmeasured warm-up run).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Discovery and the executor serve TLS (a CA made for the run) with
+    /// authentication on: the driver and the executor verify certificates
+    /// and send bearer tokens, every call is checked.
+    #[arg(long)]
+    secure: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -58,8 +63,15 @@ enum Command {
     Mesh {
         #[arg(long)]
         database_url: String,
+        /// A directory with `server.pem`, `server.key`, `ca.pem`,
+        /// `tokens.toml` and `service.token`: TLS and tokens on.
+        #[arg(long)]
+        secure_dir: Option<std::path::PathBuf>,
     },
 }
+
+/// The operator token of a `--secure` run's driver, and its CA.
+static SECURE: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
 
 /// The no-op agent: `POST /skills/noop` answers `{"ok":true}`.
 async fn agent() -> anyhow::Result<()> {
@@ -71,14 +83,31 @@ async fn agent() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn mesh(database_url: String) -> anyhow::Result<()> {
+async fn mesh(database_url: String, secure_dir: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let telemetry = agentmesh_telemetry::init(
         "agentmesh-bench",
         &agentmesh_telemetry::TelemetryConfig { log_filter: Some("warn".into()), ..Default::default() },
     )?;
     let discovery_listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let executor_listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let discovery_url = format!("http://{}", discovery_listener.local_addr()?);
+    let scheme = if secure_dir.is_some() { "https://localhost" } else { "http://127.0.0.1" };
+    let discovery_url = format!("{scheme}:{}", discovery_listener.local_addr()?.port());
+    let mut discovery_config = agentmesh_discovery::DiscoveryConfig::with_database_url(database_url.clone());
+    let mut executor_config = agentmesh_executor::ExecutorConfig {
+        discovery_url,
+        max_concurrent_steps: 1024,
+        max_concurrent_executions: 10_000,
+        ..agentmesh_executor::ExecutorConfig::with_database_url(database_url)
+    };
+    if let Some(dir) = &secure_dir {
+        for service in [&mut discovery_config.service, &mut executor_config.service] {
+            service.tls_cert_file = Some(dir.join("server.pem"));
+            service.tls_key_file = Some(dir.join("server.key"));
+            service.tls_ca_file = Some(dir.join("ca.pem"));
+            service.auth_tokens_file = Some(dir.join("tokens.toml"));
+        }
+        executor_config.service.auth_token = Some(std::fs::read_to_string(dir.join("service.token"))?);
+    }
     println!("PORTS {} {}", discovery_listener.local_addr()?.port(), executor_listener.local_addr()?.port());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until = move || {
@@ -87,21 +116,8 @@ async fn mesh(database_url: String) -> anyhow::Result<()> {
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-    let discovery = agentmesh_discovery::serve_with_listener(
-        agentmesh_discovery::DiscoveryConfig::with_database_url(database_url.clone()),
-        discovery_listener,
-        until(),
-    );
-    let executor = agentmesh_executor::serve_with_listener(
-        agentmesh_executor::ExecutorConfig {
-            discovery_url,
-            max_concurrent_steps: 1024,
-            max_concurrent_executions: 10_000,
-            ..agentmesh_executor::ExecutorConfig::with_database_url(database_url)
-        },
-        executor_listener,
-        until(),
-    );
+    let discovery = agentmesh_discovery::serve_with_listener(discovery_config, discovery_listener, until());
+    let executor = agentmesh_executor::serve_with_listener(executor_config, executor_listener, until());
     let stdin = async move {
         let mut sink = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut sink).await;
@@ -157,18 +173,19 @@ async fn execute(
     concurrency: u32,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let mut events = client
-        .execute(pb::ExecuteRequest {
-            plan: Some(plan),
-            options: Some(pb::ExecutionOptions {
-                max_concurrency: concurrency,
-                max_retries: Some(0),
-                ..Default::default()
-            }),
+    let mut request = tonic::Request::new(pb::ExecuteRequest {
+        plan: Some(plan),
+        options: Some(pb::ExecutionOptions {
+            max_concurrency: concurrency,
+            max_retries: Some(0),
             ..Default::default()
-        })
-        .await?
-        .into_inner();
+        }),
+        ..Default::default()
+    });
+    if let Some((token, _)) = SECURE.get() {
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse()?);
+    }
+    let mut events = client.execute(request).await?.into_inner();
     let mut last = None;
     while let Some(event) = events.next().await {
         last = event?.event;
@@ -206,9 +223,32 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.command {
         Some(Command::Agent) => return agent().await,
-        Some(Command::Mesh { database_url }) => return mesh(database_url).await,
+        Some(Command::Mesh { database_url, secure_dir }) => return mesh(database_url, secure_dir).await,
         None => {}
     }
+    agentmesh_testkit::install_tls();
+    let pki = if args.secure {
+        let pki = agentmesh_testkit::TestPki::new("executor-bench")?;
+        // Written as server.pem and server.key, where the child reads them.
+        pki.issue("server")?;
+        let (operator, service) =
+            (format!("op-{:016x}", rand::random::<u64>()), format!("svc-{:016x}", rand::random::<u64>()));
+        let entry = |name: &str, role: &str, token: &str| {
+            format!(
+                "[[token]]\nprincipal = \"{name}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n",
+                agentmesh_server::auth::token_hash(token)
+            )
+        };
+        std::fs::write(
+            pki.dir().join("tokens.toml"),
+            entry("bench", "operator", &operator) + &entry("executor", "service", &service),
+        )?;
+        std::fs::write(pki.dir().join("service.token"), &service)?;
+        let _ = SECURE.set((operator, pki.ca_pem.clone()));
+        Some(pki)
+    } else {
+        None
+    };
     let (_agent, agent_port) = child(&["agent"], "PORT ").await?;
     let agent_url = format!("http://127.0.0.1:{}", agent_port[0]);
     let mut rows = Vec::new();
@@ -221,19 +261,30 @@ async fn main() -> anyhow::Result<()> {
             (url, Some(name))
         };
         let backend = if store == "sqlite" { "SQLite" } else { "PostgreSQL" };
-        let (mut mesh, ports) = child(&["mesh", "--database-url", &database_url], "PORTS ").await?;
+        let secure_dir = pki.as_ref().map(|p| p.dir().to_string_lossy().to_string());
+        let mut mesh_args = vec!["mesh", "--database-url", &database_url];
+        if let Some(dir) = &secure_dir {
+            mesh_args.extend(["--secure-dir", dir]);
+        }
+        let (mut mesh, ports) = child(&mesh_args, "PORTS ").await?;
         let pid = mesh.id().context("mesh pid")?;
-        let (discovery, executor) =
-            (format!("http://127.0.0.1:{}", ports[0]), format!("http://127.0.0.1:{}", ports[1]));
+        let scheme = if pki.is_some() { "https://localhost" } else { "http://127.0.0.1" };
+        let (discovery, executor) = (format!("{scheme}:{}", ports[0]), format!("{scheme}:{}", ports[1]));
+        let mut http = agentmesh_telemetry::http::client_builder();
+        let mut endpoint = tonic::transport::Endpoint::from_shared(executor)?.tcp_nodelay(true);
+        if let Some((token, ca)) = SECURE.get() {
+            http = http.tls_certs_only(reqwest::Certificate::from_pem_bundle(ca.as_bytes())?);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse()?);
+            http = http.default_headers(headers);
+            endpoint = endpoint.tls_config(
+                tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )?;
+        }
+        let http = http.build()?;
         let registration = json!({"id": "noop-agent", "base_url": agent_url, "skills": [{"id": "noop", "description": "Does nothing"}]});
-        agentmesh_telemetry::http::client_builder()
-            .build()?
-            .post(format!("{discovery}/api/v1/agents"))
-            .json(&registration)
-            .send()
-            .await?
-            .error_for_status()?;
-        let channel = tonic::transport::Endpoint::from_shared(executor)?.tcp_nodelay(true).connect().await?;
+        http.post(format!("{discovery}/api/v1/agents")).json(&registration).send().await?.error_for_status()?;
+        let channel = endpoint.connect().await?;
         let client = ExecutorServiceClient::new(channel).max_decoding_message_size(64 << 20);
 
         let scenarios: [(&str, usize, bool, u32); 2] =
@@ -292,13 +343,7 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("{}", row.join(" | "));
             rows.push(row);
         }
-        let metrics = agentmesh_telemetry::http::client_builder()
-            .build()?
-            .get(format!("http://127.0.0.1:{}/metrics", ports[1]))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let metrics = http.get(format!("{scheme}:{}/metrics", ports[1])).send().await?.text().await?;
         let sample = |name: &str| {
             metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(f64::NAN)
         };
