@@ -76,6 +76,10 @@ struct Args {
     /// a bearer token, every request is checked against the tokens file.
     #[arg(long)]
     secure: bool,
+    /// With `--secure`: authentication only, over plaintext (to tell the
+    /// cost of tokens from the cost of TLS).
+    #[arg(long)]
+    no_tls: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -95,12 +99,16 @@ enum Command {
         /// serve TLS and require tokens.
         #[arg(long)]
         secure_dir: Option<std::path::PathBuf>,
+        /// With `--secure-dir`: tokens only, no TLS.
+        #[arg(long)]
+        no_tls: bool,
     },
 }
 
 /// What the clients of a `--secure` run trust and present.
 struct Secure {
-    ca_pem: String,
+    /// The CA to trust; `None`: plaintext.
+    ca_pem: Option<String>,
     token: String,
 }
 
@@ -112,7 +120,9 @@ static SECURE: std::sync::OnceLock<Secure> = std::sync::OnceLock::new();
 fn http_client() -> anyhow::Result<reqwest::ClientBuilder> {
     let mut builder = agentmesh_llm::client_builder();
     if let Some(secure) = SECURE.get() {
-        builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(secure.ca_pem.as_bytes())?);
+        if let Some(ca) = &secure.ca_pem {
+            builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(ca.as_bytes())?);
+        }
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", secure.token).parse()?);
         builder = builder.default_headers(headers);
@@ -237,10 +247,9 @@ struct GrpcOptions {
 
 fn grpc_endpoint(base: &str, max_frame_kib: u32) -> anyhow::Result<tonic::transport::Endpoint> {
     let mut endpoint = tonic::transport::Channel::from_shared(base.to_owned())?;
-    if let Some(secure) = SECURE.get() {
+    if let Some(ca) = SECURE.get().and_then(|s| s.ca_pem.as_ref()) {
         endpoint = endpoint.tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(&secure.ca_pem)),
+            tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca)),
         )?;
     }
     Ok(if max_frame_kib == 0 { endpoint } else { endpoint.max_frame_size(max_frame_kib * 1024) })
@@ -286,6 +295,7 @@ async fn serve_child(
     cache_ttl_secs: f64,
     otlp_endpoint: Option<String>,
     secure_dir: Option<std::path::PathBuf>,
+    no_tls: bool,
 ) -> anyhow::Result<()> {
     let telemetry = agentmesh_telemetry::init(
         "agentmesh-discovery",
@@ -304,8 +314,10 @@ async fn serve_child(
         ..agentmesh_discovery::DiscoveryConfig::with_database_url(database_url)
     };
     if let Some(dir) = secure_dir {
-        config.service.tls_cert_file = Some(dir.join("server.pem"));
-        config.service.tls_key_file = Some(dir.join("server.key"));
+        if !no_tls {
+            config.service.tls_cert_file = Some(dir.join("server.pem"));
+            config.service.tls_key_file = Some(dir.join("server.key"));
+        }
         config.service.auth_tokens_file = Some(dir.join("tokens.toml"));
     }
     let served = agentmesh_discovery::serve_with_listener(config, listener, async {
@@ -507,8 +519,8 @@ async fn run_load(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Serve { database_url, cache_ttl_secs, otlp_endpoint, secure_dir }) = args.command {
-        return serve_child(database_url, cache_ttl_secs, otlp_endpoint, secure_dir).await;
+    if let Some(Command::Serve { database_url, cache_ttl_secs, otlp_endpoint, secure_dir, no_tls }) = args.command {
+        return serve_child(database_url, cache_ttl_secs, otlp_endpoint, secure_dir, no_tls).await;
     }
     agentmesh_testkit::install_tls();
     // A secure run's CA, server certificate and tokens file, kept while it runs.
@@ -524,7 +536,7 @@ async fn main() -> anyhow::Result<()> {
                 agentmesh_server::auth::token_hash(&token)
             ),
         )?;
-        let _ = SECURE.set(Secure { ca_pem: pki.ca_pem.clone(), token });
+        let _ = SECURE.set(Secure { ca_pem: (!args.no_tls).then(|| pki.ca_pem.clone()), token });
         Some(pki)
     } else {
         None
@@ -550,6 +562,9 @@ async fn main() -> anyhow::Result<()> {
         }
         if let Some(pki) = &pki {
             command.arg("--secure-dir").arg(pki.dir());
+            if args.no_tls {
+                command.arg("--no-tls");
+            }
         }
         let mut child = command
             .stdin(Stdio::piped())
@@ -562,7 +577,11 @@ async fn main() -> anyhow::Result<()> {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).await?;
         let port: u16 = line.trim().strip_prefix("PORT ").context("child did not print its port")?.parse()?;
-        let base = if pki.is_some() { format!("https://localhost:{port}") } else { format!("http://127.0.0.1:{port}") };
+        let base = if pki.is_some() && !args.no_tls {
+            format!("https://localhost:{port}")
+        } else {
+            format!("http://127.0.0.1:{port}")
+        };
         let loaded = Instant::now();
         register_all(&base, n).await?;
         eprintln!("registered {n} agents in {:.1}s", loaded.elapsed().as_secs_f64());
