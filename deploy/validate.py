@@ -73,9 +73,9 @@ GRPC_HEALTH = {
 # Secrets a rendering uses but does not create: deploy/README.md and the
 # file headers tell how to create each.
 EXTERNAL_SECRETS = {
-    "base": {"agentmesh-db", "agentmesh-llm", "agentmesh-gateway-tls"},
+    "base": {"agentmesh-db", "agentmesh-llm", "agentmesh-gateway-tls", "agentmesh-auth"},
     "overlays/trial": {"agentmesh-llm", "agentmesh-gateway-tls"},
-    "overlays/production": {"agentmesh-db", "agentmesh-llm", "agentmesh-gateway-tls"},
+    "overlays/production": {"agentmesh-db", "agentmesh-llm", "agentmesh-gateway-tls", "agentmesh-auth"},
 }
 # What only the trial overlay runs.
 TRIAL_ONLY = {("StatefulSet", "agentmesh-postgres"), ("Deployment", "agentmesh-jaeger")}
