@@ -817,4 +817,13 @@ fn a_new_token_comes_with_its_hashed_entry_and_a_wrong_role_is_named() {
     let (ok, _, err) = agentmesh(&["token", "--principal", "x", "--role", "root"]);
     assert!(!ok);
     assert!(err.contains("unknown role `root`: the roles are operator, client, service and agent:<id>"), "{err}");
+    // A client certificate instead of a token: its entry, by fingerprint.
+    let pki = agentmesh_testkit::TestPki::new("cli-token").unwrap_or_else(|e| panic!("{e}"));
+    let issued = pki.issue("executor").unwrap_or_else(|e| panic!("{e}"));
+    let cert = issued.cert.to_string_lossy().to_string();
+    let (ok, out, err) = agentmesh(&["token", "--principal", "executor", "--role", "service", "--cert", &cert]);
+    assert!(ok, "{err}");
+    let pem = std::fs::read(&issued.cert).unwrap_or_else(|e| panic!("{e}"));
+    let hash = agentmesh_server::auth::certificate_hash(&pem).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out, format!("[[certificate]]\nprincipal = \"executor\"\nroles = [\"service\"]\nsha256 = \"{hash}\"\n"));
 }

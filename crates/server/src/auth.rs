@@ -16,7 +16,9 @@
 //! ```
 //!
 //! `sha256` is the hex SHA-256 of the token (`printf %s "$TOKEN" | sha256sum`,
-//! or `agentmesh token`): the file never holds a token itself.
+//! or `agentmesh token`): the file never holds a token itself. A
+//! `[[certificate]]` entry, alike, names a principal by the SHA-256 of a
+//! client certificate's DER (mTLS), for callers without a token.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -179,6 +181,30 @@ pub fn mesh_callers(_: &http::Method, _: &str) -> Access {
 struct TokensFile {
     #[serde(default)]
     token: Vec<TokenEntry>,
+    /// Client certificates (mTLS) as principals, by the SHA-256 of their DER.
+    #[serde(default)]
+    certificate: Vec<TokenEntry>,
+}
+
+/// The SHA-256 of the client certificate a TLS connection presented (its
+/// DER), put in each of the connection's requests' extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCertificate(pub [u8; 32]);
+
+impl PeerCertificate {
+    /// The fingerprint of a certificate's DER.
+    pub fn of(der: &[u8]) -> Self {
+        Self(sha2::Sha256::digest(der).into())
+    }
+}
+
+/// The hex SHA-256 of the first certificate of a PEM file's text, as a
+/// tokens file's `[[certificate]]` lists it.
+pub fn certificate_hash(pem: &[u8]) -> anyhow::Result<String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let cert = CertificateDer::pem_slice_iter(pem).next().context("no certificate in the PEM text")??;
+    Ok(hex::encode(PeerCertificate::of(&cert).0))
 }
 
 #[derive(Deserialize)]
@@ -189,10 +215,11 @@ struct TokenEntry {
     sha256: String,
 }
 
-/// The tokens of a file, by hash.
+/// The tokens of a file, by hash, and its certificates, by fingerprint.
 #[derive(Debug, Default)]
 struct Tokens {
     by_hash: HashMap<[u8; 32], Principal>,
+    by_certificate: HashMap<[u8; 32], Principal>,
 }
 
 impl Tokens {
@@ -201,26 +228,33 @@ impl Tokens {
             .with_context(|| format!("auth_tokens_file: cannot read {}", path.display()))?;
         let file: TokensFile =
             toml::from_str(&text).with_context(|| format!("auth_tokens_file {} is not valid", path.display()))?;
-        let mut by_hash = HashMap::new();
-        for (i, entry) in file.token.into_iter().enumerate() {
-            let at = || format!("auth_tokens_file {}, token {} (`{}`)", path.display(), i + 1, entry.principal);
-            anyhow::ensure!(!entry.principal.trim().is_empty(), "{}: principal is empty", at());
-            let hash: [u8; 32] = hex::decode(entry.sha256.trim())
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok())
-                .with_context(|| format!("{}: sha256 must be 64 hex digits, the SHA-256 of the token", at()))?;
-            let roles = entry
-                .roles
-                .iter()
-                .map(|r| Role::parse(r))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-            anyhow::ensure!(!roles.is_empty(), "{}: give it at least one role", at());
-            let principal = Principal { name: entry.principal.clone(), roles };
-            anyhow::ensure!(by_hash.insert(hash, principal).is_none(), "{}: the same token is listed twice", at());
-        }
-        Ok(Self { by_hash })
+        let by_hash = entries(path, "token", file.token)?;
+        let by_certificate = entries(path, "certificate", file.certificate)?;
+        Ok(Self { by_hash, by_certificate })
     }
+}
+
+/// The entries of one kind (`token`, `certificate`) by hash.
+fn entries(path: &Path, kind: &str, list: Vec<TokenEntry>) -> anyhow::Result<HashMap<[u8; 32], Principal>> {
+    let mut by_hash = HashMap::new();
+    for (i, entry) in list.into_iter().enumerate() {
+        let at = || format!("auth_tokens_file {}, {kind} {} (`{}`)", path.display(), i + 1, entry.principal);
+        anyhow::ensure!(!entry.principal.trim().is_empty(), "{}: principal is empty", at());
+        let hash: [u8; 32] = hex::decode(entry.sha256.trim())
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .with_context(|| format!("{}: sha256 must be 64 hex digits, the SHA-256 of the {kind}", at()))?;
+        let roles = entry
+            .roles
+            .iter()
+            .map(|r| Role::parse(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+        anyhow::ensure!(!roles.is_empty(), "{}: give it at least one role", at());
+        let principal = Principal { name: entry.principal.clone(), roles };
+        anyhow::ensure!(by_hash.insert(hash, principal).is_none(), "{}: the same {kind} is listed twice", at());
+    }
+    Ok(by_hash)
 }
 
 /// The hex SHA-256 of a token, as the tokens file lists it.
@@ -281,27 +315,44 @@ impl Authenticator {
         Ok(Self { tokens })
     }
 
-    /// The caller of a request with these headers, allowed `access`.
-    pub fn check(&self, headers: &http::HeaderMap, access: Access) -> Result<Principal, Refusal> {
-        let Some(value) = headers.get(http::header::AUTHORIZATION) else {
-            return Err(Refusal::Unauthenticated(
-                "no credentials: send the header `authorization: Bearer <token>`".into(),
-            ));
-        };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| Refusal::Unauthenticated("the authorization header is not `Bearer <token>`".into()))?;
-        let hash: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+    /// The caller of a request with these headers (a bearer token wins)
+    /// or over a connection that presented this client certificate,
+    /// allowed `access`.
+    pub fn check(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<&PeerCertificate>,
+        access: Access,
+    ) -> Result<Principal, Refusal> {
         let tokens = self.tokens.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        let principal = tokens
-            .by_hash
-            .get(&hash)
-            .cloned()
-            .ok_or_else(|| Refusal::Unauthenticated("the bearer token is not known to this service".into()))?;
+        let principal = match (headers.get(http::header::AUTHORIZATION), peer) {
+            (Some(value), _) => {
+                let token = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| Refusal::Unauthenticated("the authorization header is not `Bearer <token>`".into()))?;
+                let hash: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+                tokens
+                    .by_hash
+                    .get(&hash)
+                    .cloned()
+                    .ok_or_else(|| Refusal::Unauthenticated("the bearer token is not known to this service".into()))?
+            }
+            (None, Some(peer)) => tokens.by_certificate.get(&peer.0).cloned().ok_or_else(|| {
+                Refusal::Unauthenticated(format!(
+                    "the client certificate (SHA-256 {}) is not listed in auth_tokens_file, and no bearer token was sent",
+                    hex::encode(peer.0)
+                ))
+            })?,
+            (None, None) => {
+                return Err(Refusal::Unauthenticated(
+                    "no credentials: send the header `authorization: Bearer <token>`".into(),
+                ));
+            }
+        };
         match access {
             Access::Authenticated => Ok(principal),
             Access::Roles(kinds) if kinds.iter().any(|k| principal.has(*k)) => Ok(principal),
@@ -340,20 +391,24 @@ mod tests {
         ));
         let tokens = Tokens::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
         let auth = Authenticator { tokens: Arc::new(RwLock::new(Arc::new(tokens))) };
-        let shop = auth.check(&bearer("s3cret-shop"), Access::Authenticated).unwrap_or_else(|e| panic!("{e:?}"));
+        let shop = auth.check(&bearer("s3cret-shop"), None, Access::Authenticated).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(shop.name, "shop");
         assert!(!shop.may_manage_agent("weather-tool-v2") && shop.owns("shop") && !shop.owns("other"));
-        let weather =
-            auth.check(&bearer("s3cret-weather"), Access::Roles(&[Kind::Agent])).unwrap_or_else(|e| panic!("{e:?}"));
+        let weather = auth
+            .check(&bearer("s3cret-weather"), None, Access::Roles(&[Kind::Agent]))
+            .unwrap_or_else(|e| panic!("{e:?}"));
         assert!(weather.may_manage_agent("weather-tool-v2") && !weather.may_manage_agent("stocks"));
-        let denied = auth.check(&bearer("s3cret-shop"), Access::Roles(&[Kind::Operator, Kind::Service]));
+        let denied = auth.check(&bearer("s3cret-shop"), None, Access::Roles(&[Kind::Operator, Kind::Service]));
         assert_eq!(
             denied,
             Err(Refusal::Denied("`shop` may not make this call: it needs the role operator or service".into()))
         );
-        let unknown = auth.check(&bearer("guess"), Access::Authenticated);
+        let unknown = auth.check(&bearer("guess"), None, Access::Authenticated);
         assert!(matches!(unknown, Err(Refusal::Unauthenticated(m)) if !m.contains("guess")));
-        assert!(matches!(auth.check(&http::HeaderMap::new(), Access::Authenticated), Err(Refusal::Unauthenticated(_))));
+        assert!(matches!(
+            auth.check(&http::HeaderMap::new(), None, Access::Authenticated),
+            Err(Refusal::Unauthenticated(_))
+        ));
         let _ = std::fs::remove_file(path);
     }
 

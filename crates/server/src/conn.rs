@@ -100,7 +100,20 @@ pub async fn serve(
             match tls {
                 None => serve_connection(&builder, io, app, watcher, peer).await,
                 Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(io)).await {
-                    Ok(Ok(io)) => serve_connection(&builder, io, app, watcher, peer).await,
+                    Ok(Ok(io)) => {
+                        // A client certificate names the caller of every request on the connection.
+                        let certificate = io
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .map(|der| crate::auth::PeerCertificate::of(der));
+                        let app = match certificate {
+                            Some(certificate) => app.layer(axum::Extension(certificate)),
+                            None => app,
+                        };
+                        serve_connection(&builder, io, app, watcher, peer).await;
+                    }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                 },

@@ -211,7 +211,8 @@ async fn authenticate(State(auth): State<std::sync::Arc<Auth>>, mut request: Req
         return next.run(request).await;
     }
     let access = (auth.rules)(request.method(), path);
-    let refusal = match auth.authenticator.check(request.headers(), access) {
+    let peer = request.extensions().get::<crate::auth::PeerCertificate>().copied();
+    let refusal = match auth.authenticator.check(request.headers(), peer.as_ref(), access) {
         Ok(principal) => {
             request.extensions_mut().insert(principal);
             return next.run(request).await;

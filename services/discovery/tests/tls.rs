@@ -115,3 +115,51 @@ async fn tls_settings_that_cannot_work_stop_the_service_at_start() {
     let said = format!("{:#}", settings.server_tls("discovery").err().expect("no such file"));
     assert!(said.contains("tls_cert_file: cannot read /nonexistent/cert.pem"), "{said}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_listed_in_the_tokens_file_is_a_principal() {
+    agentmesh_testkit::install_tls();
+    let pki = TestPki::new("cert-principal").unwrap();
+    let server = pki.issue("discovery").unwrap();
+    let executor = pki.issue("executor").unwrap();
+    let unlisted = pki.issue("unlisted").unwrap();
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tokens = pki.dir().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[certificate]]\nprincipal = \"executor\"\nroles = [\"service\"]\nsha256 = \"{}\"\n",
+            agentmesh_server::auth::certificate_hash(&read(&executor.cert)).unwrap()
+        ),
+    )
+    .unwrap();
+    let (cert, key, client_ca) = (server.cert.clone(), server.key.clone(), pki.ca_file());
+    let Some(ctx) = Ctx::start_with(Backend::Sqlite, |c| {
+        c.service.tls_cert_file = Some(cert);
+        c.service.tls_key_file = Some(key);
+        c.service.tls_client_ca_file = Some(client_ca);
+        c.service.auth_tokens_file = Some(tokens);
+    })
+    .await
+    else {
+        return;
+    };
+    let https = format!("https://127.0.0.1:{}", ctx.svc.addr.port());
+    let ca = Some(pki.ca_pem.clone().into_bytes());
+    // Its certificate alone makes the executor a service: it may watch the catalog.
+    let listed =
+        ClientTls { ca_pem: ca.clone(), identity: Some((read(&executor.cert), read(&executor.key))), bearer: None };
+    let channel = agentmesh_telemetry::rpc::channel("discovery", &https, &listed).unwrap();
+    let mut client = DiscoveryServiceClient::new(channel);
+    let watch = client.watch_catalog(pb::WatchCatalogRequest { include_snapshot: true }).await;
+    assert!(watch.is_ok(), "{:?}", watch.err());
+    // Signed by the CA but not listed: the connection is made, the call refused.
+    let other = ClientTls { ca_pem: ca, identity: Some((read(&unlisted.cert), read(&unlisted.key))), bearer: None };
+    let refused = list(&https, &other).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert!(
+        refused.message().contains("client certificate") && refused.message().contains("not listed"),
+        "{}",
+        refused.message()
+    );
+}
