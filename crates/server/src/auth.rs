@@ -274,10 +274,12 @@ pub enum Refusal {
     Denied(String),
 }
 
-/// Checks callers against the tokens file, re-read when it changes.
+/// Checks callers against the tokens file, re-read when it changes, and
+/// JWTs against an identity provider's keys.
 #[derive(Clone)]
 pub struct Authenticator {
     tokens: Arc<RwLock<Arc<Tokens>>>,
+    jwt: Option<crate::jwt::JwtVerifier>,
 }
 
 impl Authenticator {
@@ -286,6 +288,22 @@ impl Authenticator {
     /// this value or a clone lives; a change that does not load keeps the
     /// tokens in force, and is logged.
     pub fn watch(path: PathBuf, name: &'static str) -> anyhow::Result<Self> {
+        Self::watch_file(path, name)
+    }
+
+    /// No tokens file: JWTs only (see [`Authenticator::with_jwt`]).
+    pub fn without_tokens() -> Self {
+        Self { tokens: Arc::new(RwLock::new(Arc::new(Tokens::default()))), jwt: None }
+    }
+
+    /// Also takes JWTs the verifier accepts as bearer tokens.
+    #[must_use]
+    pub fn with_jwt(mut self, jwt: crate::jwt::JwtVerifier) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    fn watch_file(path: PathBuf, name: &'static str) -> anyhow::Result<Self> {
         let tokens = Arc::new(RwLock::new(Arc::new(Tokens::load(&path)?)));
         let weak = Arc::downgrade(&tokens);
         let stamp = |p: &Path| -> Option<(SystemTime, u64)> {
@@ -312,7 +330,7 @@ impl Authenticator {
                 }
             }
         });
-        Ok(Self { tokens })
+        Ok(Self { tokens, jwt: None })
     }
 
     /// The caller of a request with these headers (a bearer token wins)
@@ -335,11 +353,15 @@ impl Authenticator {
                     .filter(|t| !t.is_empty())
                     .ok_or_else(|| Refusal::Unauthenticated("the authorization header is not `Bearer <token>`".into()))?;
                 let hash: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
-                tokens
-                    .by_hash
-                    .get(&hash)
-                    .cloned()
-                    .ok_or_else(|| Refusal::Unauthenticated("the bearer token is not known to this service".into()))?
+                match (tokens.by_hash.get(&hash), &self.jwt) {
+                    (Some(principal), _) => principal.clone(),
+                    (None, Some(jwt)) if token.matches('.').count() == 2 => {
+                        jwt.verify(token).map_err(Refusal::Unauthenticated)?
+                    }
+                    (None, _) => {
+                        return Err(Refusal::Unauthenticated("the bearer token is not known to this service".into()));
+                    }
+                }
             }
             (None, Some(peer)) => tokens.by_certificate.get(&peer.0).cloned().ok_or_else(|| {
                 Refusal::Unauthenticated(format!(
@@ -390,7 +412,7 @@ mod tests {
             token_hash("s3cret-weather")
         ));
         let tokens = Tokens::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
-        let auth = Authenticator { tokens: Arc::new(RwLock::new(Arc::new(tokens))) };
+        let auth = Authenticator { tokens: Arc::new(RwLock::new(Arc::new(tokens))), jwt: None };
         let shop = auth.check(&bearer("s3cret-shop"), None, Access::Authenticated).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(shop.name, "shop");
         assert!(!shop.may_manage_agent("weather-tool-v2") && shop.owns("shop") && !shop.owns("other"));

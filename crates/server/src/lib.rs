@@ -16,6 +16,7 @@
 pub mod auth;
 pub mod conn;
 pub mod grpc;
+pub mod jwt;
 pub mod net;
 pub mod probes;
 pub mod service;

@@ -108,7 +108,8 @@ impl Service {
         let grpc = (self.grpc_layer)(crate::grpc::router(self.grpc, &[self.grpc_name], health)?);
         let http = crate::probes::router(self.metrics, readiness).merge(self.http);
         let auth = settings
-            .authenticator(self.name)?
+            .authenticator(self.name)
+            .await?
             .map(|authenticator| crate::stack::Auth { authenticator, rules: self.rules });
         settings.warn_if_open(self.name);
         let app = crate::stack(http, grpc, &settings.limits(), auth);

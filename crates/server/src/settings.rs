@@ -72,6 +72,13 @@ pub struct ServiceSettings {
     /// This service's own bearer token, sent on its calls to the other
     /// services (they list it with the role `service`).
     pub auth_token: Option<String>,
+    /// Where an identity provider publishes the keys of the JWTs callers
+    /// may present (with `auth_jwt_issuer` and `auth_jwt_audience`).
+    pub auth_jwks_url: Option<String>,
+    /// The `iss` a JWT must carry.
+    pub auth_jwt_issuer: Option<String>,
+    /// A value a JWT's `aud` must hold.
+    pub auth_jwt_audience: Option<String>,
 }
 
 impl Default for ServiceSettings {
@@ -93,6 +100,9 @@ impl Default for ServiceSettings {
             tls_ca_file: None,
             auth_tokens_file: None,
             auth_token: None,
+            auth_jwks_url: None,
+            auth_jwt_issuer: None,
+            auth_jwt_audience: None,
         }
     }
 }
@@ -127,6 +137,13 @@ impl ServiceSettings {
             self.tls_client_ca_file.is_none() || self.tls_cert_file.is_some(),
             "tls_client_ca_file asks clients for certificates over TLS: set tls_cert_file and tls_key_file too"
         );
+        if let Some(url) = &self.auth_jwks_url {
+            check_service_url("auth_jwks_url", url)?;
+            anyhow::ensure!(
+                self.auth_jwt_issuer.is_some() && self.auth_jwt_audience.is_some(),
+                "auth_jwks_url needs auth_jwt_issuer and auth_jwt_audience: a JWT is accepted only from its issuer, for this audience"
+            );
+        }
         anyhow::ensure!(
             self.database_url.starts_with("sqlite:") || self.database_url.starts_with("postgres"),
             "database_url must start with sqlite: or postgres://, got `{}`",
@@ -180,16 +197,42 @@ impl ServiceSettings {
         Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem, identity, bearer })
     }
 
-    /// Who may call, when `auth_tokens_file` is set: loaded now (a bad file
-    /// fails start-up, saying what is wrong), re-read when it changes.
-    pub fn authenticator(&self, name: &'static str) -> anyhow::Result<Option<crate::auth::Authenticator>> {
-        self.auth_tokens_file.clone().map(|path| crate::auth::Authenticator::watch(path, name)).transpose()
+    /// Who may call, when `auth_tokens_file` or `auth_jwks_url` is set:
+    /// loaded now (a bad file or an unreachable key set fails start-up,
+    /// saying what is wrong), kept fresh after.
+    pub async fn authenticator(&self, name: &'static str) -> anyhow::Result<Option<crate::auth::Authenticator>> {
+        let tokens =
+            self.auth_tokens_file.clone().map(|path| crate::auth::Authenticator::watch(path, name)).transpose()?;
+        let jwt = match (&self.auth_jwks_url, &self.auth_jwt_issuer, &self.auth_jwt_audience) {
+            (Some(url), Some(issuer), Some(audience)) => Some(
+                crate::jwt::JwtVerifier::start(
+                    crate::jwt::JwtSettings {
+                        jwks_url: url.clone(),
+                        issuer: issuer.clone(),
+                        audience: audience.clone(),
+                    },
+                    name,
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+        Ok(match (tokens, jwt) {
+            (None, None) => None,
+            (tokens, jwt) => {
+                let authenticator = tokens.unwrap_or_else(crate::auth::Authenticator::without_tokens);
+                Some(match jwt {
+                    Some(jwt) => authenticator.with_jwt(jwt),
+                    None => authenticator,
+                })
+            }
+        })
     }
 
     /// Says loudly, once, that a port any other host can reach takes every
     /// call from anyone: `auth_tokens_file` is not set.
     pub fn warn_if_open(&self, name: &str) {
-        if self.auth_tokens_file.is_none() && !self.listen.ip().is_loopback() {
+        if self.auth_tokens_file.is_none() && self.auth_jwks_url.is_none() && !self.listen.ip().is_loopback() {
             tracing::warn!(
                 service = name,
                 listen = %self.listen,

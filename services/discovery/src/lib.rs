@@ -149,7 +149,8 @@ async fn router(
     let rest = rest::router(rest::RestState { registry, max_body_bytes: config.service.max_request_bytes });
     let auth = config
         .service
-        .authenticator("discovery")?
+        .authenticator("discovery")
+        .await?
         .map(|authenticator| agentmesh_server::stack::Auth { authenticator, rules: access });
     config.service.warn_if_open("discovery");
     Ok(agentmesh_server::stack(rest, grpc, &config.service.limits(), auth))
