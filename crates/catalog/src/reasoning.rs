@@ -43,7 +43,7 @@ impl Reasoning {
         let log = agentmesh_store::connect_interaction_log(&service.database_url)
             .await
             .context("opening the interaction log")?;
-        let client = service.client_tls()?;
+        let client = service.client_settings()?;
         let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", discovery_url, &client)?;
         tracing::info!(llm = %llm.llm, "the model is {}", llm.llm);
         Ok(Self {

@@ -13,10 +13,10 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
     }
     let mut endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| anyhow::anyhow!("`{url}` is not a valid {what} address: {}", root_cause(&e)))?;
-    let client = client_tls()?;
+    let client = client_settings()?;
     if url.starts_with("https://") {
         agentmesh_telemetry::http::install_tls_provider();
-        endpoint = endpoint.tls_config(client.config())?;
+        endpoint = endpoint.tls_config(client.tls_config())?;
     }
     let channel = endpoint.connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {
         match io_kind(&e) {
@@ -34,7 +34,7 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
 /// `AGENTMESH_TLS_CERT_FILE` with `AGENTMESH_TLS_KEY_FILE` presented to
 /// services that ask for a client certificate; with `AGENTMESH_TOKEN` as
 /// its bearer token where services require one.
-fn client_tls() -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
+fn client_settings() -> anyhow::Result<agentmesh_telemetry::rpc::ClientSettings> {
     let read = |var: &str| -> anyhow::Result<Option<Vec<u8>>> {
         match std::env::var_os(var) {
             None => Ok(None),
@@ -49,7 +49,7 @@ fn client_tls() -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
         _ => anyhow::bail!("AGENTMESH_TLS_CERT_FILE and AGENTMESH_TLS_KEY_FILE go together"),
     };
     let bearer = std::env::var("AGENTMESH_TOKEN").ok().filter(|t| !t.trim().is_empty());
-    Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem: read("AGENTMESH_TLS_CA_FILE")?, identity, bearer })
+    Ok(agentmesh_telemetry::rpc::ClientSettings { ca_pem: read("AGENTMESH_TLS_CA_FILE")?, identity, bearer })
 }
 
 /// The innermost error's text: the one that says what happened, without

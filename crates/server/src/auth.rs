@@ -23,7 +23,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -262,9 +261,6 @@ pub fn token_hash(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
 
-/// How often the tokens file is looked at for a change.
-const RELOAD_CHECK: Duration = Duration::from_secs(5);
-
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -278,17 +274,19 @@ pub enum Refusal {
 /// JWTs against an identity provider's keys.
 #[derive(Clone)]
 pub struct Authenticator {
-    tokens: Arc<RwLock<Arc<Tokens>>>,
+    tokens: crate::reload::Reloaded<Arc<Tokens>>,
     jwt: Option<crate::jwt::JwtVerifier>,
 }
 
 impl Authenticator {
-    /// Loads `path` (an error names what is wrong in it), then looks at it
-    /// every few seconds and loads it again once it changes, for as long as
-    /// this value or a clone lives; a change that does not load keeps the
-    /// tokens in force, and is logged.
+    /// Loads `path` (an error names what is wrong in it), then loads it
+    /// again whenever it changes ([`crate::reload`]), for as long as this
+    /// value or a clone lives.
     pub fn watch(path: PathBuf, name: &'static str) -> anyhow::Result<Self> {
-        Self::watch_file(path, name)
+        let tokens = crate::reload::load_and_watch(vec![path.clone()], "auth_tokens_file", name, move || {
+            Tokens::load(&path).map(Arc::new)
+        })?;
+        Ok(Self { tokens, jwt: None })
     }
 
     /// No tokens file: JWTs only (see [`Authenticator::with_jwt`]).
@@ -303,36 +301,6 @@ impl Authenticator {
         self
     }
 
-    fn watch_file(path: PathBuf, name: &'static str) -> anyhow::Result<Self> {
-        let tokens = Arc::new(RwLock::new(Arc::new(Tokens::load(&path)?)));
-        let weak = Arc::downgrade(&tokens);
-        let stamp = |p: &Path| -> Option<(SystemTime, u64)> {
-            std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())))
-        };
-        tokio::spawn(async move {
-            let mut seen = stamp(&path);
-            loop {
-                tokio::time::sleep(RELOAD_CHECK).await;
-                let Some(tokens) = weak.upgrade() else { return };
-                let now = stamp(&path);
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                match Tokens::load(&path) {
-                    Ok(loaded) => {
-                        let count = loaded.by_hash.len();
-                        *tokens.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(loaded);
-                        tracing::info!(service = name, tokens = count, "auth_tokens_file reloaded");
-                    }
-                    Err(e) => tracing::warn!(service = name, error = %format!("{e:#}"),
-                        "auth_tokens_file changed but cannot be loaded; the previous tokens stay in force"),
-                }
-            }
-        });
-        Ok(Self { tokens, jwt: None })
-    }
-
     /// The caller of a request with these headers (a bearer token wins)
     /// or over a connection that presented this client certificate,
     /// allowed `access`.
@@ -342,7 +310,7 @@ impl Authenticator {
         peer: Option<&PeerCertificate>,
         access: Access,
     ) -> Result<Principal, Refusal> {
-        let tokens = self.tokens.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let tokens = crate::reload::current(&self.tokens);
         let principal = match (headers.get(http::header::AUTHORIZATION), peer) {
             (Some(value), _) => {
                 let token = value

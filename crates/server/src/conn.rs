@@ -218,18 +218,26 @@ impl<T: AsyncRead> AsyncRead for Idle<T> {
     }
 }
 
+impl<T: AsyncWrite> Idle<T> {
+    /// A write, which counts as activity when it wrote something.
+    fn written(
+        self: Pin<&mut Self>,
+        write: impl FnOnce(Pin<&mut T>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let result = write(this.inner);
+        if let Poll::Ready(Ok(written)) = &result
+            && *written > 0
+        {
+            this.deadline.as_mut().reset(Instant::now() + *this.timeout);
+        }
+        result
+    }
+}
+
 impl<T: AsyncWrite> AsyncWrite for Idle<T> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        match this.inner.poll_write(cx, data) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    this.deadline.as_mut().reset(Instant::now() + *this.timeout);
-                }
-                Poll::Ready(Ok(written))
-            }
-            other => other,
-        }
+        self.written(|inner| inner.poll_write(cx, data))
     }
 
     fn poll_write_vectored(
@@ -237,16 +245,7 @@ impl<T: AsyncWrite> AsyncWrite for Idle<T> {
         cx: &mut Context<'_>,
         data: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        match this.inner.poll_write_vectored(cx, data) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    this.deadline.as_mut().reset(Instant::now() + *this.timeout);
-                }
-                Poll::Ready(Ok(written))
-            }
-            other => other,
-        }
+        self.written(|inner| inner.poll_write_vectored(cx, data))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -19,37 +19,19 @@ pub mod grpc;
 pub mod jwt;
 pub mod net;
 pub mod probes;
+mod reload;
 pub mod service;
 pub mod settings;
 pub mod stack;
 pub mod tls;
 
-use std::future::Future;
-
-use axum::Router;
-use tokio::net::TcpListener;
-
 pub use agentmesh_telemetry::redact;
 pub use agentmesh_telemetry::secrets::redacted;
 pub use auth::{Principal, principal_of};
-pub use conn::ConnectionLimits;
+pub use conn::{ConnectionLimits, serve};
 pub use probes::{Check, Dependency, HealthChecker, Readiness};
 pub use service::Service;
 pub use settings::{ServiceSettings, check_min_secs, check_service_url, list_or_commas};
 pub use stack::{
     Limits, RequestId, call_request_id, call_timeout, check_request_id, error_body, new_request_id, stack,
 };
-
-/// Serves `app` on `listener` until `shutdown` resolves, draining in-flight
-/// requests, each connection held to `limits`, over TLS when `tls` is given
-/// ([`conn::serve`]).
-pub async fn serve(
-    name: &str,
-    listener: TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    limits: ConnectionLimits,
-    tls: Option<tls::ServerTls>,
-) -> anyhow::Result<()> {
-    conn::serve(name, listener, app, shutdown, limits, tls).await
-}

@@ -184,7 +184,7 @@ impl ServiceSettings {
     /// How this service calls others: at `https://` addresses with
     /// `tls_ca_file` trusted and its own certificate presented when asked
     /// for; with `auth_token` as its bearer token.
-    pub fn client_tls(&self) -> anyhow::Result<agentmesh_telemetry::rpc::ClientTls> {
+    pub fn client_settings(&self) -> anyhow::Result<agentmesh_telemetry::rpc::ClientSettings> {
         let read = |setting: &str, path: &PathBuf| {
             std::fs::read(path).with_context(|| format!("{setting}: cannot read {}", path.display()))
         };
@@ -194,7 +194,7 @@ impl ServiceSettings {
             _ => None,
         };
         let bearer = self.auth_token.clone().filter(|t| !t.trim().is_empty());
-        Ok(agentmesh_telemetry::rpc::ClientTls { ca_pem, identity, bearer })
+        Ok(agentmesh_telemetry::rpc::ClientSettings { ca_pem, identity, bearer })
     }
 
     /// Who may call, when `auth_tokens_file` or `auth_jwks_url` is set:

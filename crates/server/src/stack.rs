@@ -167,7 +167,7 @@ pub fn stack(http: Router, grpc: Router, limits: &Limits, auth: Option<Auth>) ->
     let max = limits.max_request_bytes;
     let http =
         http.layer(RequestBodyLimitLayer::new(max)).layer(middleware::from_fn_with_state(max, payload_too_large));
-    let grpc = grpc.layer(middleware::from_fn_with_state(max, grpc_too_large));
+    let grpc = grpc.layer(middleware::from_fn_with_state(max, fix_grpc_status));
     let app = http
         .merge(grpc)
         .fallback(crate::grpc::not_found)
@@ -473,7 +473,7 @@ pub const MAX_STATUS_MESSAGE_BYTES: usize = 4096;
 /// - a request tonic cannot decode is the client's error: `INVALID_ARGUMENT`
 ///   (tonic says `INTERNAL`), saying how deep JSON values may nest;
 /// - a message longer than [`MAX_STATUS_MESSAGE_BYTES`] is cut, saying so.
-async fn grpc_too_large(State(limit): State<usize>, request: Request, next: Next) -> Response {
+async fn fix_grpc_status(State(limit): State<usize>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     let Some(status) = tonic::Status::from_header_map(response.headers()) else { return response };
     let fixed = if status.code() == tonic::Code::OutOfRange && status.message().starts_with(TONIC_TOO_LARGE) {

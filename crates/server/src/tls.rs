@@ -4,16 +4,12 @@
 //! that a renewed certificate is served without a restart.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-
-/// How often the files are looked at for a change.
-const RELOAD_CHECK: Duration = Duration::from_secs(5);
 
 /// The files of a port's TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,16 +24,8 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    fn paths(&self) -> Vec<&Path> {
-        [Some(self.cert.as_path()), Some(self.key.as_path()), self.client_ca.as_deref()].into_iter().flatten().collect()
-    }
-
-    /// When each file last changed (and its size), to notice a renewal.
-    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
-        self.paths()
-            .into_iter()
-            .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
-            .collect()
+    fn paths(&self) -> Vec<PathBuf> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()].into_iter().flatten().cloned().collect()
     }
 
     /// A server configuration from the files as they are now.
@@ -83,43 +71,20 @@ fn read_certs(path: &Path, setting: &str) -> anyhow::Result<Vec<CertificateDer<'
 /// A port's TLS configuration, replaced when its files change.
 #[derive(Clone)]
 pub struct ServerTls {
-    current: Arc<RwLock<Arc<rustls::ServerConfig>>>,
+    current: crate::reload::Reloaded<Arc<rustls::ServerConfig>>,
 }
 
 impl ServerTls {
-    /// Loads `files` (an error names the setting at fault), then looks at
-    /// them every few seconds and loads them again once they change, for as
-    /// long as this value or a clone lives; a change that does not load
-    /// keeps the configuration served, and is logged.
+    /// Loads `files` (an error names the setting at fault), then loads them
+    /// again whenever they change ([`crate::reload`]), for as long as this
+    /// value or a clone lives.
     pub fn watch(files: TlsFiles, name: &'static str) -> anyhow::Result<Self> {
-        let current = Arc::new(RwLock::new(files.load()?));
-        let tls = Self { current: current.clone() };
-        let weak = Arc::downgrade(&current);
-        tokio::spawn(async move {
-            let mut seen = files.stamp();
-            loop {
-                tokio::time::sleep(RELOAD_CHECK).await;
-                let Some(current) = weak.upgrade() else { return };
-                let now = files.stamp();
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                match files.load() {
-                    Ok(config) => {
-                        *current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
-                        tracing::info!(service = name, cert = %files.cert.display(), "TLS certificate reloaded");
-                    }
-                    Err(e) => tracing::warn!(service = name, error = %format!("{e:#}"),
-                        "the TLS files changed but cannot be loaded; serving the previous certificate"),
-                }
-            }
-        });
-        Ok(tls)
+        let current = crate::reload::load_and_watch(files.paths(), "the TLS certificate", name, move || files.load())?;
+        Ok(Self { current })
     }
 
     /// An acceptor for one connection, with the configuration of now.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+        tokio_rustls::TlsAcceptor::from(crate::reload::current(&self.current))
     }
 }

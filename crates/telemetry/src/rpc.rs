@@ -60,7 +60,7 @@ impl<S> Layer<S> for ClientTraceLayer {
 /// the certificate it presents to services that ask for one (mTLS); and
 /// the bearer token it authenticates with, where they require one.
 #[derive(Clone, Default)]
-pub struct ClientTls {
+pub struct ClientSettings {
     /// PEM CA certificates.
     pub ca_pem: Option<Vec<u8>>,
     /// PEM certificate chain and private key.
@@ -69,9 +69,9 @@ pub struct ClientTls {
     pub bearer: Option<String>,
 }
 
-impl std::fmt::Debug for ClientTls {
+impl std::fmt::Debug for ClientSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls")
+        f.debug_struct("ClientSettings")
             .field("ca", &self.ca_pem.is_some())
             .field("identity", &self.identity.is_some())
             .field("bearer", &self.bearer.as_ref().map(|_| "***"))
@@ -79,9 +79,9 @@ impl std::fmt::Debug for ClientTls {
     }
 }
 
-impl ClientTls {
+impl ClientSettings {
     /// tonic's TLS settings: the system's roots, the CA, the identity.
-    pub fn config(&self) -> tonic::transport::ClientTlsConfig {
+    pub fn tls_config(&self) -> tonic::transport::ClientTlsConfig {
         let mut config = tonic::transport::ClientTlsConfig::new().with_native_roots();
         if let Some(ca) = &self.ca_pem {
             config = config.ca_certificate(tonic::transport::Certificate::from_pem(ca));
@@ -96,7 +96,7 @@ impl ClientTls {
 /// A channel to the service `name` at `url`, connected on first use (so a
 /// service may start before the ones it calls), giving up on a connection
 /// attempt after 5 s; over TLS for an `https://` address.
-pub fn channel(name: &str, url: &str, tls: &ClientTls) -> anyhow::Result<tonic::transport::Channel> {
+pub fn channel(name: &str, url: &str, tls: &ClientSettings) -> anyhow::Result<tonic::transport::Channel> {
     use anyhow::Context as _;
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("{name} url `{url}`"))?
@@ -104,7 +104,7 @@ pub fn channel(name: &str, url: &str, tls: &ClientTls) -> anyhow::Result<tonic::
         .tcp_nodelay(true);
     if url.starts_with("https://") {
         crate::http::install_tls_provider();
-        endpoint = endpoint.tls_config(tls.config()).with_context(|| format!("TLS to {name} at `{url}`"))?;
+        endpoint = endpoint.tls_config(tls.tls_config()).with_context(|| format!("TLS to {name} at `{url}`"))?;
     }
     Ok(endpoint.connect_lazy())
 }
@@ -144,7 +144,7 @@ pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
 
 /// Wraps a channel so that its calls are traced and carry `client`'s
 /// bearer token, when it has one.
-pub fn traced_with(channel: tonic::transport::Channel, client: &ClientTls) -> TracedChannel {
+pub fn traced_with(channel: tonic::transport::Channel, client: &ClientSettings) -> TracedChannel {
     let mut traced = traced(channel);
     traced.authorization =
         client.bearer.as_deref().and_then(|token| http::HeaderValue::from_str(&format!("Bearer {token}")).ok()).map(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use agentmesh_telemetry::rpc::ClientTls;
+use agentmesh_telemetry::rpc::ClientSettings;
 use agentmesh_testkit::{Backend, TestPki};
 use common::Ctx;
 
@@ -26,7 +26,7 @@ fn https_client(ca_pem: &str, identity: Option<(&std::path::Path, &std::path::Pa
     builder.build().unwrap()
 }
 
-async fn list(url: &str, tls: &ClientTls) -> Result<usize, tonic::Status> {
+async fn list(url: &str, tls: &ClientSettings) -> Result<usize, tonic::Status> {
     let channel = agentmesh_telemetry::rpc::channel("discovery", url, tls).unwrap();
     let mut client = DiscoveryServiceClient::new(channel);
     Ok(client.list_capabilities(pb::ListCapabilitiesRequest::default()).await?.into_inner().capabilities.len())
@@ -50,11 +50,11 @@ async fn rest_and_grpc_are_served_over_tls_and_a_renewed_certificate_without_a_r
     let client = https_client(&pki.ca_pem, None);
     let ready = client.get(format!("{https}/healthz")).send().await.unwrap();
     assert!(ready.status().is_success());
-    let tls = ClientTls { ca_pem: Some(pki.ca_pem.clone().into_bytes()), identity: None, bearer: None };
+    let tls = ClientSettings { ca_pem: Some(pki.ca_pem.clone().into_bytes()), identity: None, bearer: None };
     assert_eq!(list(&https, &tls).await.unwrap(), 0);
     // Plaintext gets nothing, and a client that does not trust the CA neither.
     assert!(agentmesh_testkit::http_client().get(format!("{}/healthz", ctx.svc.url())).send().await.is_err());
-    assert!(list(&https, &ClientTls::default()).await.is_err());
+    assert!(list(&https, &ClientSettings::default()).await.is_err());
 
     // The certificate is renewed in place, by another CA: served within seconds.
     let renewed = TestPki::new("renewed").unwrap();
@@ -93,11 +93,12 @@ async fn with_a_client_ca_only_clients_with_its_certificates_get_in() {
     let read = |p: &std::path::Path| std::fs::read(p).unwrap();
     // A service calling another presents its own certificate.
     let with_cert =
-        ClientTls { ca_pem: ca.clone(), identity: Some((read(&caller.cert), read(&caller.key))), bearer: None };
+        ClientSettings { ca_pem: ca.clone(), identity: Some((read(&caller.cert), read(&caller.key))), bearer: None };
     assert_eq!(list(&https, &with_cert).await.unwrap(), 0);
-    let no_cert = ClientTls { ca_pem: ca.clone(), identity: None, bearer: None };
+    let no_cert = ClientSettings { ca_pem: ca.clone(), identity: None, bearer: None };
     assert!(list(&https, &no_cert).await.is_err(), "a client without a certificate got in");
-    let foreign = ClientTls { ca_pem: ca, identity: Some((read(&stranger.cert), read(&stranger.key))), bearer: None };
+    let foreign =
+        ClientSettings { ca_pem: ca, identity: Some((read(&stranger.cert), read(&stranger.key))), bearer: None };
     assert!(list(&https, &foreign).await.is_err(), "a certificate of another CA got in");
     // REST alike.
     let ok = https_client(&pki.ca_pem, Some((&caller.cert, &caller.key)));
@@ -147,14 +148,18 @@ async fn a_client_certificate_listed_in_the_tokens_file_is_a_principal() {
     let https = format!("https://127.0.0.1:{}", ctx.svc.addr.port());
     let ca = Some(pki.ca_pem.clone().into_bytes());
     // Its certificate alone makes the executor a service: it may watch the catalog.
-    let listed =
-        ClientTls { ca_pem: ca.clone(), identity: Some((read(&executor.cert), read(&executor.key))), bearer: None };
+    let listed = ClientSettings {
+        ca_pem: ca.clone(),
+        identity: Some((read(&executor.cert), read(&executor.key))),
+        bearer: None,
+    };
     let channel = agentmesh_telemetry::rpc::channel("discovery", &https, &listed).unwrap();
     let mut client = DiscoveryServiceClient::new(channel);
     let watch = client.watch_catalog(pb::WatchCatalogRequest { include_snapshot: true }).await;
     assert!(watch.is_ok(), "{:?}", watch.err());
     // Signed by the CA but not listed: the connection is made, the call refused.
-    let other = ClientTls { ca_pem: ca, identity: Some((read(&unlisted.cert), read(&unlisted.key))), bearer: None };
+    let other =
+        ClientSettings { ca_pem: ca, identity: Some((read(&unlisted.cert), read(&unlisted.key))), bearer: None };
     let refused = list(&https, &other).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     assert!(

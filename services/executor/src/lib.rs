@@ -241,16 +241,16 @@ pub async fn serve_with_listener(
     let store = agentmesh_store::connect_executions(&config.service.database_url).await.with_context(|| {
         format!("opening the execution store at {}", agentmesh_server::redact(&config.service.database_url))
     })?;
-    let client_tls = config.service.client_tls()?;
-    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url, &client_tls)?;
+    let client_settings = config.service.client_settings()?;
+    let discovery_channel = agentmesh_telemetry::rpc::channel("discovery", &config.discovery_url, &client_settings)?;
     let catalog = Arc::new(catalog::Catalog::new(DiscoveryServiceClient::new(traced_with(
         discovery_channel.clone(),
-        &client_tls,
+        &client_settings,
     ))));
     let planner = match &config.planner_url {
         Some(url) => Some(PlannerServiceClient::new(traced_with(
-            agentmesh_telemetry::rpc::channel("planner", url, &client_tls)?,
-            &client_tls,
+            agentmesh_telemetry::rpc::channel("planner", url, &client_settings)?,
+            &client_settings,
         ))),
         None => None,
     };
@@ -273,7 +273,7 @@ pub async fn serve_with_listener(
         grpc: transport::grpc::GrpcTransport::new(
             egress,
             config.max_output_bytes,
-            agentmesh_telemetry::rpc::ClientTls { ca_pem: agent_ca, identity: None, bearer: None },
+            agentmesh_telemetry::rpc::ClientSettings { ca_pem: agent_ca, identity: None, bearer: None },
         ),
         breakers: breaker::Breakers::new(
             config.circuit_failure_threshold,

@@ -65,6 +65,18 @@ fn owner_of<T>(request: &Request<T>) -> String {
     }
 }
 
+/// Refuses a caller that neither started the execution `id` (owned by
+/// `owner`) nor sees everything.
+fn may_act_on(principal: &agentmesh_server::Principal, owner: &str, id: &str) -> Result<(), Status> {
+    if principal.owns(owner) {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "`{}` may not read, cancel or extend execution `{id}`: another principal started it",
+        principal.name
+    )))
+}
+
 /// The principal an execution's stored spec names.
 fn owner_in(spec: &str) -> String {
     #[derive(serde::Deserialize)]
@@ -82,13 +94,7 @@ impl ExecutorGrpc {
     async fn check_owner(&self, principal: &agentmesh_server::Principal, id: &str) -> Result<(), Status> {
         let row = self.engine.store.get(id).await.map_err(ExecutorError::from)?;
         let row = row.ok_or_else(|| ExecutorError::NotFound(id.to_owned()))?;
-        if principal.sees_everything() || principal.owns(&owner_in(&row.spec)) {
-            return Ok(());
-        }
-        Err(Status::permission_denied(format!(
-            "`{}` may not read, cancel or extend execution `{id}`: another principal started it",
-            principal.name
-        )))
+        may_act_on(principal, &owner_in(&row.spec), id)
     }
 
     /// Checks an `Execute` request and fills in the defaults.
@@ -296,8 +302,8 @@ impl ExecutorService for ExecutorGrpc {
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
         let principal = agentmesh_server::principal_of(request.extensions());
         let id = request.into_inner().execution_id;
-        self.check_owner(&principal, &id).await?;
         let (row, state) = self.engine.load(&id).await?.ok_or_else(|| ExecutorError::NotFound(id.clone()))?;
+        may_act_on(&principal, &state.spec.principal, &id)?;
         let execution = execution_to_pb(&id, &state, trace_id_of(&row.traceparent));
         Ok(Response::new(pb::GetExecutionResponse { execution: Some(execution) }))
     }

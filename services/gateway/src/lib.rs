@@ -107,7 +107,7 @@ pub async fn serve_with_listener(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let tls = config.service.client_tls()?;
+    let tls = config.service.client_settings()?;
     let channel = |name: &str, url: &str| agentmesh_telemetry::rpc::channel(name, url, &tls);
     let planner = channel("planner", &config.planner_url)?;
     let executor = channel("executor", &config.executor_url)?;

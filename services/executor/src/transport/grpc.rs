@@ -27,14 +27,14 @@ use crate::egress::Egress;
 pub struct GrpcTransport {
     egress: Arc<Egress>,
     max_output_bytes: usize,
-    tls: agentmesh_telemetry::rpc::ClientTls,
+    tls: agentmesh_telemetry::rpc::ClientSettings,
     clients: Mutex<HashMap<String, AgentServiceClient<TracedChannel>>>,
 }
 
 impl GrpcTransport {
     /// A transport whose addresses pass the egress policy.
     /// Agents at `https://` addresses are called over TLS, trusting `tls`'s CA.
-    pub fn new(egress: Arc<Egress>, max_output_bytes: usize, tls: agentmesh_telemetry::rpc::ClientTls) -> Self {
+    pub fn new(egress: Arc<Egress>, max_output_bytes: usize, tls: agentmesh_telemetry::rpc::ClientSettings) -> Self {
         Self { egress, max_output_bytes, tls, clients: Mutex::new(HashMap::new()) }
     }
 
@@ -75,7 +75,7 @@ impl GrpcTransport {
             // TLS over the checked connection, verified against the name.
             agentmesh_telemetry::http::install_tls_provider();
             endpoint = endpoint
-                .tls_config(self.tls.config())
+                .tls_config(self.tls.tls_config())
                 .map_err(|e| Failure::fatal(format!("TLS to the agent at {base_url}: {e}")))?;
         }
         let channel = endpoint.connect_with_connector_lazy(connector);
