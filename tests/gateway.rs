@@ -715,5 +715,21 @@ async fn with_authentication_on_a_client_orchestrates_and_only_it_follows_its_or
     assert!(own.is_ok(), "{own:?} {answer}");
     let refused = executor.get_execution(get(billing)).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+
+    // The LLM calls made for shop's request are shop's to read, not billing's.
+    let planner =
+        agentmesh_proto::v1::planner_service_client::PlannerServiceClient::connect(format!("http://{}", mesh.planner))
+            .await
+            .unwrap();
+    let interactions = async |token: &str| {
+        let mut request = tonic::Request::new(pb::ListInteractionsRequest { request_id: "req_auth_1".into() });
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let listed = planner.clone().list_interactions(request).await.unwrap().into_inner().interactions;
+        listed.iter().map(|i| i.kind).collect::<Vec<_>>()
+    };
+    let shops = interactions(shop).await;
+    assert_eq!(shops.len(), 3, "the plan, the answer and the review: {shops:?}");
+    assert!(interactions(billing).await.is_empty(), "another client sees none of them");
+    assert_eq!(interactions(operator).await, shops, "an operator sees them all");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -37,6 +37,8 @@ pub struct Mesh {
     pub discovery: RunningService,
     /// The LLM server behind the planner and synthesis.
     pub llm: ScriptedLlmServer,
+    /// The planner's address.
+    pub planner: SocketAddr,
     /// The executor's address.
     pub executor: SocketAddr,
     /// The gateway's address.
@@ -160,6 +162,7 @@ impl Mesh {
         Some(Self {
             discovery,
             llm,
+            planner,
             executor,
             gateway,
             tasks: vec![planner_task, executor_task, synthesis_task, gateway_task],

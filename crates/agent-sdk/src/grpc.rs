@@ -36,6 +36,9 @@ fn metadata(request: &Request<pb::InvokeRequest>, name: &str) -> String {
 #[tonic::async_trait]
 impl AgentService for Grpc {
     async fn invoke(&self, request: Request<pb::InvokeRequest>) -> Result<Response<pb::InvokeResponse>, Status> {
+        if !self.0.admits(request.metadata().get("authorization").map(|v| v.as_bytes())) {
+            return Err(Status::unauthenticated(format!("agent {} needs its credential", self.0.agent_id)));
+        }
         let parent = agentmesh_telemetry::propagation::extract(&request.metadata().clone().into_headers());
         let idempotency_key = metadata(&request, "idempotency-key");
         let attempt = metadata(&request, "x-agentmesh-attempt").parse().unwrap_or(1);

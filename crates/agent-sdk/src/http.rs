@@ -56,6 +56,9 @@ async fn invoke(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if !server.admits(headers.get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes())) {
+        return refuse(StatusCode::UNAUTHORIZED, format!("agent {} needs its credential", server.agent_id));
+    }
     let kind = match kind.as_str() {
         "skills" => Kind::Skill,
         "reasoners" => Kind::Reasoner,

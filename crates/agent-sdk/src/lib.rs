@@ -190,6 +190,17 @@ pub struct Agent {
     transport: Transport,
     heartbeat: Option<Duration>,
     capabilities: Vec<Capability>,
+    credential: Option<(String, Secret)>,
+}
+
+/// A secret the agent expects, never shown by `Debug`.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl Agent {
@@ -203,7 +214,19 @@ impl Agent {
             transport: Transport::Http,
             heartbeat: None,
             capabilities: Vec::new(),
+            credential: None,
         }
+    }
+
+    /// Accepts only calls that carry `authorization: Bearer <secret>`
+    /// (HTTP header or gRPC metadata), and registers naming the credential
+    /// `name`: the executor's `agent_credentials_file` holds the same
+    /// secret under that name and presents it. Other calls are refused
+    /// with 401 / `UNAUTHENTICATED`.
+    #[must_use]
+    pub fn credential(mut self, name: impl Into<String>, secret: impl Into<String>) -> Self {
+        self.credential = Some((name.into(), Secret(secret.into())));
+        self
     }
 
     /// The agent's version, free-form.
@@ -277,7 +300,7 @@ impl Agent {
         let of_kind = |kind: Kind| -> Vec<Value> {
             self.capabilities.iter().filter(|c| c.kind == kind).map(Capability::registration).collect()
         };
-        json!({
+        let mut registration = json!({
             "id": self.id,
             "base_url": base_url,
             "transport": match self.transport { Transport::Http => "http", Transport::Grpc => "grpc" },
@@ -286,7 +309,11 @@ impl Agent {
             "tags": self.tags,
             "skills": of_kind(Kind::Skill),
             "reasoners": of_kind(Kind::Reasoner),
-        })
+        });
+        if let Some((name, _)) = &self.credential {
+            registration["credential"] = json!(name);
+        }
+        registration
     }
 
     fn check(&self) -> Result<(), SdkError> {
@@ -464,14 +491,26 @@ type Answer = Arc<tokio::sync::OnceCell<Outcome>>;
 /// given by idempotency key.
 pub(crate) struct Server {
     agent_id: String,
+    /// `Bearer <secret>`, when calls must carry it.
+    expected_authorization: Option<String>,
     capabilities: HashMap<(Kind, String), Capability>,
     answers: Mutex<(HashMap<String, Answer>, VecDeque<String>)>,
 }
 
 impl Server {
+    /// Whether a call with this `authorization` value may go on: always,
+    /// unless the agent expects a credential. Compared in constant time.
+    pub(crate) fn admits(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(expected) = &self.expected_authorization else { return true };
+        let given = authorization.unwrap_or_default();
+        given.len() == expected.len()
+            && given.iter().zip(expected.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+
     fn new(agent: &Agent) -> Self {
         Self {
             agent_id: agent.id.clone(),
+            expected_authorization: agent.credential.as_ref().map(|(_, secret)| format!("Bearer {}", secret.0)),
             capabilities: agent.capabilities.iter().map(|c| ((c.kind, c.id.clone()), c.clone())).collect(),
             answers: Mutex::new((HashMap::new(), VecDeque::new())),
         }

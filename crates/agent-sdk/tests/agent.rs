@@ -165,3 +165,60 @@ async fn a_grpc_agent_answers_invoke_by_the_same_contract() {
     assert_eq!(client.invoke(bad).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_agent_with_a_credential_answers_only_calls_that_carry_it() {
+    use agentmesh_proto::v1 as pb;
+    use agentmesh_proto::v1::agent_service_client::AgentServiceClient;
+
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
+    let secret = "word-counter-secret-31";
+    let http_agent = counter(Arc::default()).credential("counter-key", secret);
+    let stored = http_agent.registration("http://x");
+    assert_eq!(stored["credential"], "counter-key");
+    assert!(!stored.to_string().contains(secret), "the registration never carries the secret");
+    assert!(!format!("{http_agent:?}").contains(secret), "nor does Debug");
+    let running = http_agent.start(Options::discovery(discovery.url())).await.unwrap();
+    let http = agentmesh_testkit::http_client();
+    let listed: serde_json::Value =
+        http.get(format!("{}/api/v1/agents/word-counter", discovery.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["credential"], "counter-key");
+    let url = format!("{}/skills/count_words", running.base_url());
+    let call = |token: Option<&str>| {
+        let mut request = http.post(&url).json(&json!({"text": "a b c"}));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    assert_eq!(call(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(call(Some("guess")).await.unwrap().status().as_u16(), 401);
+    let answered = call(Some(secret)).await.unwrap();
+    assert_eq!(answered.status().as_u16(), 200);
+    assert_eq!(answered.json::<serde_json::Value>().await.unwrap()["output"], json!({"words": 3}));
+    running.stop().await.unwrap();
+
+    let running = counter(Arc::default())
+        .credential("counter-key", secret)
+        .grpc()
+        .start(Options::discovery(discovery.url()))
+        .await;
+    let running = running.unwrap();
+    let mut client = AgentServiceClient::connect(running.base_url().to_owned()).await.unwrap();
+    let invoke = |token: Option<&str>| {
+        let mut request = tonic::Request::new(pb::InvokeRequest {
+            capability_id: "count_words".into(),
+            kind: pb::CapabilityKind::Skill as i32,
+            parameters: agentmesh_proto::json::to_struct(&json!({"text": "a b"})),
+            ..Default::default()
+        });
+        if let Some(token) = token {
+            request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        request
+    };
+    assert_eq!(client.invoke(invoke(None)).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    assert!(client.invoke(invoke(Some(secret))).await.is_ok());
+    running.stop().await.unwrap();
+}

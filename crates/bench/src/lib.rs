@@ -51,6 +51,17 @@ pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// CPU time a process has used so far (user and system), in seconds,
+/// from `/proc/PID/stat` (in ticks of 1/100 s, Linux's `USER_HZ`).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may hold spaces, in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    // utime and stime are the 14th and 15th fields, the 12th and 13th after the name.
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 /// Prints a Markdown table.
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     println!("| {} |", headers.join(" | "));

@@ -24,7 +24,7 @@ pub struct Reasoning {
     pub retention: Retention,
     /// Discovery, for the catalog.
     pub discovery: DiscoveryServiceClient<TracedChannel>,
-    discovery_channel: tonic::transport::Channel,
+    discovery_channel: agentmesh_telemetry::pool::Pool,
     purge: JoinHandle<()>,
 }
 

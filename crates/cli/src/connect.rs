@@ -26,7 +26,7 @@ pub async fn connect(url: &str, what: &str, how_to_start: &str) -> anyhow::Resul
             _ => anyhow::anyhow!("cannot reach {what} at {url}: {}; is it running (`{how_to_start}`)?", root_cause(&e)),
         }
     })?;
-    Ok(traced_with(channel, &client))
+    Ok(traced_with(agentmesh_telemetry::pool::Pool::single(what, channel), &client))
 }
 
 /// How the CLI calls services: over TLS at `https://` addresses, with

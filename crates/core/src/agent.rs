@@ -209,6 +209,11 @@ pub struct AgentDefinition {
     /// Skills.
     #[serde(default)]
     pub skills: Vec<Capability>,
+    /// The name of a credential the executor presents when it calls this
+    /// agent (one of the executor's `agent_credentials_file` entries):
+    /// a reference, never the secret itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 impl AgentDefinition {

@@ -45,6 +45,34 @@ pub fn json_depth(value: &serde_json::Value) -> usize {
     deepest
 }
 
+/// How deeply JSON text nests objects and arrays, read off its brackets
+/// (outside strings) without parsing it: what [`json_depth`] says of the
+/// value, for text known to be JSON.
+pub fn json_text_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// `value`'s nesting checked against [`MAX_JSON_DEPTH`]: the message names
 /// the limit, for an `INVALID_ARGUMENT` or a field error.
 pub fn check_json_depth(value: &serde_json::Value) -> Result<(), String> {
@@ -100,6 +128,14 @@ pub fn validate_definition(def: &AgentDefinition) -> Result<(), Vec<FieldError>>
         errors.push(FieldError::new("version", format!("must be at most {MAX_VERSION_LEN} characters")));
     }
     check_tags("tags", &def.tags, &mut errors);
+    if let Some(credential) = &def.credential
+        && let Err(e) = check_id(credential)
+    {
+        errors.push(FieldError::new(
+            "credential",
+            format!("{e}: it names one of the executor's agent credentials, never the secret itself"),
+        ));
+    }
     let count = def.reasoners.len() + def.skills.len();
     if count > MAX_CAPABILITIES {
         errors.push(FieldError::new(

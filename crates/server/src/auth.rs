@@ -38,7 +38,8 @@ pub enum Role {
     Client,
     /// Another service of the mesh: what its calls need.
     Service,
-    /// Register, heartbeat and remove the agent with this id.
+    /// Register, heartbeat and remove the agent with this id; `*`: any id
+    /// not yet bound to another principal (its first registration binds it).
     Agent(String),
 }
 
@@ -120,6 +121,12 @@ impl Principal {
         self.has(Kind::Operator) || self.roles.iter().any(|r| matches!(r, Role::Agent(own) if own == id))
     }
 
+    /// Whether it may claim agent ids nobody holds yet (`agent:*`): the
+    /// first registration of an id binds it to this principal.
+    pub fn claims_agents(&self) -> bool {
+        self.roles.iter().any(|r| matches!(r, Role::Agent(id) if id == "*"))
+    }
+
     /// Whether it may read or act on what `owner` started (`""`: started
     /// without authentication, an operator's to see).
     pub fn owns(&self, owner: &str) -> bool {
@@ -131,6 +138,28 @@ impl Principal {
 /// (the gateway's `Execute`): the client's principal, who then owns what
 /// the call starts. Taken into account only from services and operators.
 pub const ON_BEHALF_OF: &str = "x-agentmesh-on-behalf-of";
+
+/// Who a call is made for: the caller, or, when the caller is another
+/// service of the mesh (or an operator), the client it names in
+/// [`ON_BEHALF_OF`]. What the call starts or records belongs to them.
+pub fn acting_for<T>(request: &tonic::Request<T>) -> String {
+    let principal = principal_of(request.extensions());
+    let on_behalf =
+        request.metadata().get(ON_BEHALF_OF).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty() && v.len() <= 256);
+    match on_behalf {
+        Some(client) if principal.sees_everything() => client.to_owned(),
+        _ => principal.name,
+    }
+}
+
+/// Marks `request`, made by a service for `client`, as made on its behalf.
+pub fn on_behalf_of<T>(request: &mut tonic::Request<T>, client: &str) {
+    if !client.is_empty()
+        && let Ok(value) = client.parse()
+    {
+        request.metadata_mut().insert(ON_BEHALF_OF, value);
+    }
+}
 
 /// The principal of a request, from its extensions: the caller, or an
 /// anonymous operator when the service runs without authentication.

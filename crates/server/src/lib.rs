@@ -19,7 +19,7 @@ pub mod grpc;
 pub mod jwt;
 pub mod net;
 pub mod probes;
-mod reload;
+pub mod reload;
 pub mod service;
 pub mod settings;
 pub mod stack;

@@ -22,7 +22,6 @@ use http::{StatusCode, header};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
-use tonic::transport::Channel;
 use tonic_health::ServingStatus;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus as ServingStatusPb;
@@ -110,7 +109,7 @@ impl Dependency {
     /// reachable (a peer reporting `NOT_SERVING` still answers from what it
     /// holds); the detail says what it reported. A peer that answers but does
     /// not know the service (another agentmesh port given by mistake) is not.
-    pub fn grpc(name: &'static str, service: &'static str, channel: Channel) -> Self {
+    pub fn grpc(name: &'static str, service: &'static str, channel: agentmesh_telemetry::pool::Pool) -> Self {
         Self::new(name, move || {
             let mut client = HealthClient::new(channel.clone());
             async move {

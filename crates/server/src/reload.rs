@@ -11,12 +11,12 @@ use std::time::{Duration, SystemTime};
 const CHECK: Duration = Duration::from_secs(5);
 
 /// A value loaded from files, replaced when they change.
-pub(crate) type Reloaded<T> = Arc<RwLock<T>>;
+pub type Reloaded<T> = Arc<RwLock<T>>;
 
 /// Loads `load()` now (its error stops the caller) and again whenever one
 /// of `paths` changes, for as long as the returned value or a clone lives.
 /// `what` names it in the logs (`the TLS certificate`).
-pub(crate) fn load_and_watch<T, F>(
+pub fn load_and_watch<T, F>(
     paths: Vec<PathBuf>,
     what: &'static str,
     service: &'static str,
@@ -52,7 +52,7 @@ where
 }
 
 /// The value as loaded last.
-pub(crate) fn current<T: Clone>(reloaded: &Reloaded<T>) -> T {
+pub fn current<T: Clone>(reloaded: &Reloaded<T>) -> T {
     reloaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
 }
 

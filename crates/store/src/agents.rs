@@ -20,9 +20,11 @@ use crate::{AgentStore, CatalogChange, Loaded, NOTIFY_CHANNEL, Registered, Store
 macro_rules! upsert_agent {
     () => {
         "INSERT INTO agentmesh_agents (id, base_url, transport, version, deployment_type, tags, reported_status, \
-         registered_at_ms, updated_at_ms, last_heartbeat_ms) VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $7, $7) \
+         registered_at_ms, updated_at_ms, last_heartbeat_ms, credential) \
+         VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $7, $7, $8) \
          ON CONFLICT (id) DO UPDATE SET base_url = excluded.base_url, transport = excluded.transport, \
          version = excluded.version, deployment_type = excluded.deployment_type, tags = excluded.tags, \
+         credential = excluded.credential, \
          reported_status = 'active', updated_at_ms = excluded.updated_at_ms, \
          last_heartbeat_ms = excluded.last_heartbeat_ms RETURNING registered_at_ms"
     };
@@ -137,6 +139,7 @@ impl AgentStore for SqlStore {
                 .bind(def.deployment_type.as_str())
                 .bind(to_json(&def.tags))
                 .bind(now_ms)
+                .bind(def.credential.clone())
                 .fetch_one(&mut *tx)
                 .await?;
             let registered_at_ms: i64 = row.try_get("registered_at_ms")?;
@@ -221,6 +224,45 @@ impl AgentStore for SqlStore {
             self.announce(change);
         }
         Ok(deleted)
+    }
+
+    async fn bind_agent(&self, agent_id: &str, principal: &str, now: DateTime<Utc>) -> StoreResult<String> {
+        let writer = self.writer().await;
+        let bound = on_pool!(&self.db, pool => {
+            sqlx::query(
+                "INSERT INTO agentmesh_agent_bindings (agent_id, principal, bound_at_ms) VALUES ($1, $2, $3) \
+                 ON CONFLICT (agent_id) DO NOTHING",
+            )
+            .bind(agent_id)
+            .bind(principal)
+            .bind(now.timestamp_millis())
+            .execute(pool)
+            .await?;
+            sqlx::query_scalar::<_, String>("SELECT principal FROM agentmesh_agent_bindings WHERE agent_id = $1")
+                .bind(agent_id)
+                .fetch_one(pool)
+                .await?
+        });
+        drop(writer);
+        Ok(bound)
+    }
+
+    async fn agent_binding(&self, agent_id: &str) -> StoreResult<Option<String>> {
+        Ok(on_pool!(&self.db, pool => {
+            sqlx::query_scalar::<_, String>("SELECT principal FROM agentmesh_agent_bindings WHERE agent_id = $1")
+                .bind(agent_id)
+                .fetch_optional(pool)
+                .await?
+        }))
+    }
+
+    async fn unbind_agent(&self, agent_id: &str) -> StoreResult<()> {
+        let writer = self.writer().await;
+        on_pool!(&self.db, pool => {
+            sqlx::query("DELETE FROM agentmesh_agent_bindings WHERE agent_id = $1").bind(agent_id).execute(pool).await?.rows_affected()
+        });
+        drop(writer);
+        Ok(())
     }
 
     async fn get(&self, agent_id: &str) -> StoreResult<Option<AgentRecord>> {

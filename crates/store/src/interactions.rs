@@ -40,6 +40,8 @@ pub struct InteractionRecord {
     pub error: Option<String>,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
+    /// The client it was made for (empty: a caller without authentication).
+    pub principal: String,
 }
 
 /// How long interactions are kept.
@@ -77,8 +79,14 @@ impl Retention {
 pub trait InteractionLog: Send + Sync + 'static {
     /// Records calls, in order.
     async fn record(&self, records: &[InteractionRecord], retention: Retention) -> StoreResult<()>;
-    /// The unexpired calls of a request, oldest first.
-    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>>;
+    /// The unexpired calls of a request, oldest first; with `principal`,
+    /// only those made for that client.
+    async fn interactions(
+        &self,
+        request_id: &str,
+        principal: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Vec<InteractionRecord>>;
     /// Deletes expired calls; returns how many.
     async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64>;
     /// Checks that the database answers.
@@ -87,7 +95,7 @@ pub trait InteractionLog: Send + Sync + 'static {
 
 /// The columns, in insertion order.
 const COLUMNS: &str = "request_id, kind, prompt, response, model, provider, structured_mode, \
-prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms";
+prompt_tokens, completion_tokens, latency_ms, error, created_at_ms, expires_at_ms, principal";
 
 /// One multi-row INSERT of `records` (not empty), for either backend.
 fn insert<DB>(records: &[InteractionRecord], retention: Retention) -> QueryBuilder<DB>
@@ -111,7 +119,8 @@ where
             .push_bind(r.latency_ms)
             .push_bind(r.error.clone())
             .push_bind(r.created_at.timestamp_millis())
-            .push_bind(retention.expires_at_ms(r));
+            .push_bind(retention.expires_at_ms(r))
+            .push_bind(r.principal.clone());
     });
     insert
 }
@@ -135,6 +144,7 @@ where
         latency_ms: row.int("latency_ms")?,
         error: row.maybe_text("error")?,
         created_at: from_ms(row.int("created_at_ms")?),
+        principal: row.text("principal")?,
     })
 }
 
@@ -148,15 +158,22 @@ impl InteractionLog for crate::SqlStore {
         Ok(())
     }
 
-    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>> {
+    async fn interactions(
+        &self,
+        request_id: &str,
+        principal: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Vec<InteractionRecord>> {
         on_pool!(&self.db, pool => {
             let rows = sqlx::query(
                 "SELECT id, request_id, kind, prompt, response, model, provider, structured_mode, prompt_tokens, \
-                 completion_tokens, latency_ms, error, created_at_ms FROM agentmesh_llm_interactions \
-                 WHERE request_id = $1 AND expires_at_ms > $2 ORDER BY id",
+                 completion_tokens, latency_ms, error, created_at_ms, principal FROM agentmesh_llm_interactions \
+                 WHERE request_id = $1 AND expires_at_ms > $2 AND ($3 = 0 OR principal = $4) ORDER BY id",
             )
             .bind(request_id)
             .bind(now.timestamp_millis())
+            .bind(i64::from(principal.is_some()))
+            .bind(principal.unwrap_or_default())
             .fetch_all(pool)
             .await?;
             rows.iter().map(decode).collect()

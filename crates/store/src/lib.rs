@@ -185,6 +185,14 @@ pub trait AgentStore: Send + Sync + 'static {
     /// agent whose rows cannot be decoded is left out and listed in
     /// [`Loaded::corrupt`].
     async fn list(&self) -> StoreResult<Loaded>;
+    /// Binds agent id `agent_id` to `principal` unless it is bound
+    /// already; returns the principal it is bound to (in one statement, so
+    /// that of two first registrations racing, one wins).
+    async fn bind_agent(&self, agent_id: &str, principal: &str, now: DateTime<Utc>) -> StoreResult<String>;
+    /// The principal agent id `agent_id` is bound to, if any.
+    async fn agent_binding(&self, agent_id: &str) -> StoreResult<Option<String>>;
+    /// Frees agent id `agent_id` for another principal to bind.
+    async fn unbind_agent(&self, agent_id: &str) -> StoreResult<()>;
     /// Checks that the database answers.
     async fn ping(&self) -> StoreResult<()>;
     /// Subscribes to catalog changes made by any replica sharing the database.

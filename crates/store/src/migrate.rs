@@ -27,6 +27,7 @@ macro_rules! migrator {
             3 "0003_executions",
             4 "0004_orchestration_events",
             5 "0005_sqlx_migrations",
+            6 "0006_principals",
         ))
     };
     (@scripts $dir:literal: $($version:literal $name:literal,)+) => {

@@ -61,7 +61,7 @@ where
 macro_rules! select_agents {
     () => {
         "SELECT a.id, a.base_url, a.transport, a.version, a.deployment_type, \
-a.tags, a.reported_status, a.registered_at_ms, a.updated_at_ms, a.last_heartbeat_ms, \
+a.tags, a.reported_status, a.registered_at_ms, a.updated_at_ms, a.last_heartbeat_ms, a.credential, \
 c.id AS cap_id, c.kind AS cap_kind, c.description AS cap_description, c.tags AS cap_tags, \
 c.input_schema AS cap_input_schema, c.output_schema AS cap_output_schema, c.examples AS cap_examples, \
 c.endpoint AS cap_endpoint, c.internal AS cap_internal \
@@ -216,6 +216,7 @@ where
                 tags: json(&get(row.text("tags"), "tags")?, "agent tags")?,
                 reasoners: Vec::new(),
                 skills: Vec::new(),
+                credential: get(row.maybe_text("credential"), "credential")?,
                 id: id.to_owned(),
             },
             registered_at: from_ms(get(row.int("registered_at_ms"), "registered_at_ms")?),
@@ -251,7 +252,10 @@ where
     let kind: String = get(row.maybe_text("cap_kind"), "cap_kind")?.unwrap_or_default();
     let schema = |column| -> StoreResult<Option<RawJson>> {
         get(row.maybe_text(column), column)?
-            .map(|text| RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}"))))
+            .map(|text| {
+                too_deep(column, &text)?;
+                RawJson::parse(&text).map_err(|e| StoreError::Corrupt(format!("{column}: {e}")))
+            })
             .transpose()
     };
     let capability = Capability {
@@ -260,11 +264,35 @@ where
         tags: json(&get(row.maybe_text("cap_tags"), "cap_tags")?.unwrap_or_else(|| "[]".into()), "capability tags")?,
         input_schema: schema("cap_input_schema")?,
         output_schema: schema("cap_output_schema")?,
-        examples: raw_list(&get(row.maybe_text("cap_examples"), "cap_examples")?.unwrap_or_else(|| "[]".into()))?,
+        examples: {
+            let text = get(row.maybe_text("cap_examples"), "cap_examples")?.unwrap_or_else(|| "[]".into());
+            // The list itself is one level.
+            too_deep_by("cap_examples", &text, 1)?;
+            raw_list(&text)?
+        },
         endpoint: get(row.maybe_text("cap_endpoint"), "cap_endpoint")?.unwrap_or_default(),
         internal: get(row.maybe_bool("cap_internal"), "cap_internal")?.unwrap_or(false),
     };
     Ok((kind, capability))
+}
+
+/// A document stored before registrations were held to
+/// [`MAX_JSON_DEPTH`](agentmesh_core::validate::MAX_JSON_DEPTH) that no
+/// consumer could decode: its agent is skipped like a corrupt one (and
+/// served again once registered anew), instead of failing every listing.
+fn too_deep(column: &str, text: &str) -> StoreResult<()> {
+    too_deep_by(column, text, 0)
+}
+
+fn too_deep_by(column: &str, text: &str, wrapping: usize) -> StoreResult<()> {
+    let depth = agentmesh_core::validate::json_text_depth(text).saturating_sub(wrapping);
+    let limit = agentmesh_core::validate::MAX_JSON_DEPTH;
+    if depth > limit {
+        return Err(StoreError::Corrupt(format!(
+            "{column} nests {depth} levels deep, more than the {limit} every consumer can decode"
+        )));
+    }
+    Ok(())
 }
 
 /// Capabilities of a definition with their kind and global position.

@@ -90,6 +90,18 @@ impl AgentStore for TracedAgentStore {
         in_span(self.0.backend(), "list_agents", self.0.list(), |l| l.agents.len()).await
     }
 
+    async fn bind_agent(&self, agent_id: &str, principal: &str, now: DateTime<Utc>) -> StoreResult<String> {
+        in_span(self.0.backend(), "bind_agent", self.0.bind_agent(agent_id, principal, now), |_| 1).await
+    }
+
+    async fn agent_binding(&self, agent_id: &str) -> StoreResult<Option<String>> {
+        in_span(self.0.backend(), "agent_binding", self.0.agent_binding(agent_id), |b| usize::from(b.is_some())).await
+    }
+
+    async fn unbind_agent(&self, agent_id: &str) -> StoreResult<()> {
+        in_span(self.0.backend(), "unbind_agent", self.0.unbind_agent(agent_id), |()| 1).await
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.0.ping().await
     }
@@ -115,8 +127,13 @@ impl InteractionLog for TracedInteractionLog {
         in_span(self.backend, "record_interactions", self.inner.record(records, retention), |()| records.len()).await
     }
 
-    async fn interactions(&self, request_id: &str, now: DateTime<Utc>) -> StoreResult<Vec<InteractionRecord>> {
-        in_span(self.backend, "list_interactions", self.inner.interactions(request_id, now), Vec::len).await
+    async fn interactions(
+        &self,
+        request_id: &str,
+        principal: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Vec<InteractionRecord>> {
+        in_span(self.backend, "list_interactions", self.inner.interactions(request_id, principal, now), Vec::len).await
     }
 
     async fn purge_expired(&self, now: DateTime<Utc>) -> StoreResult<u64> {

@@ -32,6 +32,7 @@ fn new(id: &str, request_id: &str) -> NewExecution {
         traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
         steps: 1,
         first_event: event(1, "execution_started"),
+        principal: if id == "e3" { "shop".into() } else { String::new() },
     }
 }
 
@@ -133,6 +134,11 @@ async fn contract(backend: Backend) {
     let second =
         store.list(&ExecutionFilter { request_id: "r1".into(), limit: 5, before, ..Default::default() }).await.unwrap();
     assert_eq!((first[0].id.as_str(), second.iter().map(|r| r.id.as_str()).collect::<Vec<_>>()), ("e2", vec!["e1"]));
+    // A client's page holds its own executions only, however many others there are.
+    let shop = store.list(&ExecutionFilter { principal: Some("shop".into()), limit: 1, ..Default::default() }).await;
+    assert_eq!(shop.unwrap().iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["e3"]);
+    let billing = ExecutionFilter { principal: Some("billing".into()), limit: 5, ..Default::default() };
+    assert!(store.list(&billing).await.unwrap().is_empty());
 
     assert_eq!(store.purge_finished(1_700_000_001_000).await.unwrap(), 1);
     assert!(store.get("e1").await.unwrap().is_none());

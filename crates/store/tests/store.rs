@@ -195,18 +195,24 @@ async fn interaction_log(backend: Backend) {
         latency_ms: 30,
         error: error.map(str::to_owned),
         created_at: created,
+        principal: if kind == "plan" { "shop".into() } else { "billing".into() },
     };
     let retention = Retention { ok: Duration::from_secs(10), error: Duration::from_secs(100) };
     log.record(&[record("plan", None, at(0)), record("plan_retry", Some("timeout"), at(1))], retention)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let listed = log.interactions("req_1", at(2)).await.unwrap_or_else(|e| panic!("{e}"));
+    let listed = log.interactions("req_1", None, at(2)).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(listed.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["plan", "plan_retry"]);
     assert_eq!((listed[0].prompt_tokens, listed[1].error.as_deref()), (12, Some("timeout")));
-    assert!(log.interactions("other", at(2)).await.unwrap_or_else(|e| panic!("{e}")).is_empty());
+    assert_eq!(listed[0].principal, "shop");
+    assert!(log.interactions("other", None, at(2)).await.unwrap_or_else(|e| panic!("{e}")).is_empty());
+    // A client sees the calls made for it only.
+    let shop = log.interactions("req_1", Some("shop"), at(2)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(shop.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["plan"]);
+    assert!(log.interactions("req_1", Some("nobody"), at(2)).await.unwrap_or_else(|e| panic!("{e}")).is_empty());
     // Successful calls expire after 10 s, errors after 100 s.
     assert_eq!(log.purge_expired(at(20_000)).await.unwrap_or_else(|e| panic!("{e}")), 1);
-    let left = log.interactions("req_1", at(20_000)).await.unwrap_or_else(|e| panic!("{e}"));
+    let left = log.interactions("req_1", None, at(20_000)).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(left.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["plan_retry"]);
 }
 

@@ -11,6 +11,7 @@
 pub mod config;
 mod filter;
 pub mod http;
+pub mod pool;
 pub mod propagation;
 pub mod rpc;
 pub mod secrets;

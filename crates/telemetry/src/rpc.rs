@@ -93,10 +93,17 @@ impl ClientSettings {
     }
 }
 
-/// A channel to the service `name` at `url`, connected on first use (so a
-/// service may start before the ones it calls), giving up on a connection
-/// attempt after 5 s; over TLS for an `https://` address.
-pub fn channel(name: &str, url: &str, tls: &ClientSettings) -> anyhow::Result<tonic::transport::Channel> {
+/// Connections to the service `name` at `url`, each connected on first use
+/// (so a service may start before the ones it calls) and opened as calls
+/// need them ([`crate::pool`]), giving up on a connection attempt after
+/// 5 s; over TLS for an `https://` address.
+pub fn channel(name: &str, url: &str, tls: &ClientSettings) -> anyhow::Result<crate::pool::Pool> {
+    let endpoint = endpoint(name, url, tls)?;
+    Ok(crate::pool::Pool::new(name, || endpoint.connect_lazy()))
+}
+
+/// One connection's settings.
+fn endpoint(name: &str, url: &str, tls: &ClientSettings) -> anyhow::Result<tonic::transport::Endpoint> {
     use anyhow::Context as _;
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("{name} url `{url}`"))?
@@ -106,7 +113,7 @@ pub fn channel(name: &str, url: &str, tls: &ClientSettings) -> anyhow::Result<to
         crate::http::install_tls_provider();
         endpoint = endpoint.tls_config(tls.tls_config()).with_context(|| format!("TLS to {name} at `{url}`"))?;
     }
-    Ok(endpoint.connect_lazy())
+    Ok(endpoint)
 }
 
 /// The canonical name of a gRPC status code (`INVALID_ARGUMENT`), as
@@ -135,16 +142,16 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 }
 
 /// A gRPC channel whose calls are traced and carry the trace context.
-pub type TracedChannel = Traced<tonic::transport::Channel>;
+pub type TracedChannel = Traced<crate::pool::Pool>;
 
 /// Wraps a channel so that its calls are traced.
-pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
+pub fn traced(channel: crate::pool::Pool) -> TracedChannel {
     ClientTraceLayer.layer(channel)
 }
 
 /// Wraps a channel so that its calls are traced and carry `client`'s
 /// bearer token, when it has one.
-pub fn traced_with(channel: tonic::transport::Channel, client: &ClientSettings) -> TracedChannel {
+pub fn traced_with(channel: crate::pool::Pool, client: &ClientSettings) -> TracedChannel {
     let mut traced = traced(channel);
     traced.authorization =
         client.bearer.as_deref().and_then(|token| http::HeaderValue::from_str(&format!("Bearer {token}")).ok()).map(

@@ -103,6 +103,7 @@ pub fn agent_to_pb<'a>(
         skills: skills.into_iter().map(|c| capability_to_pb(&def.id, CapabilityKind::Skill, c, detail)).collect(),
         registered_at: Some(timestamp(record.registered_at)),
         updated_at: Some(timestamp(record.updated_at)),
+        credential: def.credential.clone().unwrap_or_default(),
     }
 }
 
@@ -156,7 +157,7 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
             .and_then(|t| DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0)))
             .map(crate::render::timestamp)
     };
-    serde_json::json!({
+    let mut json = serde_json::json!({
         "id": agent.id,
         "base_url": agentmesh_server::redact(&agent.base_url),
         "transport": if agent.transport == pb::Transport::Grpc as i32 { "grpc" } else { "http" },
@@ -169,7 +170,11 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
         "updated_at": ts(&agent.updated_at),
         "reasoners": caps(&agent.reasoners),
         "skills": caps(&agent.skills),
-    })
+    });
+    if !agent.credential.is_empty() {
+        json["credential"] = Value::String(agent.credential.clone());
+    }
+    json
 }
 
 /// Lowercase name of a protobuf health value.
@@ -213,6 +218,7 @@ pub fn definition_from_pb(agent: &pb::Agent) -> AgentDefinition {
         tags: agent.tags.clone(),
         reasoners: agent.reasoners.iter().map(capability_from_pb).collect(),
         skills: agent.skills.iter().map(capability_from_pb).collect(),
+        credential: (!agent.credential.is_empty()).then(|| agent.credential.clone()),
     }
 }
 

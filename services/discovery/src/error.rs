@@ -45,14 +45,14 @@ pub enum DiscoveryError {
     )]
     TooManyWatchStreams(usize),
     /// The caller may not act on this agent.
-    #[error(
-        "`{principal}` may not register, heartbeat or remove agent `{agent}`: it needs the role agent:{agent} or operator"
-    )]
+    #[error("`{principal}` may not register, heartbeat or remove agent `{agent}`: {why}")]
     PermissionDenied {
         /// Who called.
         principal: String,
         /// The agent it named.
         agent: String,
+        /// Why not.
+        why: String,
     },
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
@@ -96,12 +96,9 @@ impl DiscoveryError {
         }
     }
 
-    /// Refuses a caller that may not act on agent `id`.
-    pub fn check_agent(principal: &agentmesh_server::Principal, id: &str) -> Result<(), Self> {
-        if principal.may_manage_agent(id) {
-            return Ok(());
-        }
-        Err(Self::PermissionDenied { principal: principal.name.clone(), agent: id.to_owned() })
+    /// Refuses `principal` on agent `id`, saying why.
+    pub fn denied(principal: &agentmesh_server::Principal, id: &str, why: impl Into<String>) -> Self {
+        Self::PermissionDenied { principal: principal.name.clone(), agent: id.to_owned(), why: why.into() }
     }
 
     /// HTTP status of the REST response.

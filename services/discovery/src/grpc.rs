@@ -211,8 +211,7 @@ impl DiscoveryService for DiscoveryGrpc {
         let Some(agent) = request.into_inner().agent else {
             return Err(DiscoveryError::invalid("agent", "", "agent is required").into());
         };
-        DiscoveryError::check_agent(&principal, &agent.id)?;
-        let (record, created) = self.registry.register(definition_from_pb(&agent)).await?;
+        let (record, created) = self.registry.register(&principal, definition_from_pb(&agent)).await?;
         Ok(Response::new(pb::RegisterAgentResponse {
             agent: Some(full_agent_to_pb(&record, HealthStatus::Active)),
             created,
@@ -225,7 +224,6 @@ impl DiscoveryService for DiscoveryGrpc {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let principal = agentmesh_server::principal_of(request.extensions());
         let r = request.into_inner();
-        DiscoveryError::check_agent(&principal, &r.agent_id)?;
         let status = match health_from_pb(r.status, "status")? {
             None | Some(HealthStatus::Active) => ReportedStatus::Active,
             Some(HealthStatus::Degraded) => ReportedStatus::Degraded,
@@ -235,7 +233,7 @@ impl DiscoveryService for DiscoveryGrpc {
                 );
             }
         };
-        let record = self.registry.heartbeat(&r.agent_id, status).await?;
+        let record = self.registry.heartbeat(&principal, &r.agent_id, status).await?;
         let policy = self.registry.policy();
         let health = policy.derive(record.last_heartbeat, record.reported_status, chrono::Utc::now());
         Ok(Response::new(pb::HeartbeatResponse {
@@ -250,8 +248,7 @@ impl DiscoveryService for DiscoveryGrpc {
     ) -> Result<Response<pb::DeregisterAgentResponse>, Status> {
         let principal = agentmesh_server::principal_of(request.extensions());
         let agent_id = request.into_inner().agent_id;
-        DiscoveryError::check_agent(&principal, &agent_id)?;
-        self.registry.deregister(&agent_id).await?;
+        self.registry.deregister(&principal, &agent_id).await?;
         Ok(Response::new(pb::DeregisterAgentResponse {}))
     }
 

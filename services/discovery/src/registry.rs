@@ -11,6 +11,7 @@ use agentmesh_core::{
     AgentDefinition, AgentRecord, CapabilityQuery, CatalogPage, HealthPolicy, HealthStatus, ReportedStatus,
     validate_definition,
 };
+use agentmesh_server::Principal;
 use agentmesh_store::{AgentStore, CatalogChange};
 use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch};
@@ -89,12 +90,53 @@ impl Registry {
         self.store_healthy.subscribe()
     }
 
-    /// Validates and stores a registration; true when the id was new.
-    pub async fn register(&self, definition: AgentDefinition) -> Result<(AgentRecord, bool), DiscoveryError> {
+    /// Whether `principal` may register (`register`), heartbeat or remove
+    /// agent `id`: an operator or a holder of `agent:<id>` always; a holder
+    /// of `agent:*` when the id is bound to it, a registration binding an
+    /// id nobody holds.
+    pub async fn authorize(&self, principal: &Principal, id: &str, register: bool) -> Result<(), DiscoveryError> {
+        if principal.may_manage_agent(id) {
+            return Ok(());
+        }
+        if !principal.claims_agents() {
+            return Err(DiscoveryError::denied(
+                principal,
+                id,
+                format!("it needs the role agent:{id}, agent:* or operator"),
+            ));
+        }
+        let bound = if register {
+            Some(self.store.bind_agent(id, &principal.name, Utc::now()).await?)
+        } else {
+            self.store.agent_binding(id).await?
+        };
+        match bound {
+            Some(owner) if owner == principal.name => Ok(()),
+            Some(_) => Err(DiscoveryError::denied(
+                principal,
+                id,
+                "the id is bound to the principal that registered it first; an operator removing the agent frees it",
+            )),
+            None => Err(DiscoveryError::denied(
+                principal,
+                id,
+                format!("`{}` did not register it (agent:* acts on the ids it registered)", principal.name),
+            )),
+        }
+    }
+
+    /// Validates and stores a registration made by `principal`; true when
+    /// the id was new.
+    pub async fn register(
+        &self,
+        principal: &Principal,
+        definition: AgentDefinition,
+    ) -> Result<(AgentRecord, bool), DiscoveryError> {
         if let Err(errors) = validate_definition(&definition) {
             self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
             return Err(DiscoveryError::Validation(errors));
         }
+        self.authorize(principal, &definition.id, true).await?;
         let result = self.store.register(&definition, Utc::now()).await;
         self.count("register", result.is_ok());
         let registered = result?;
@@ -105,7 +147,13 @@ impl Registry {
     }
 
     /// Records a heartbeat; returns the health after it and the interval.
-    pub async fn heartbeat(&self, agent_id: &str, status: ReportedStatus) -> Result<AgentRecord, DiscoveryError> {
+    pub async fn heartbeat(
+        &self,
+        principal: &Principal,
+        agent_id: &str,
+        status: ReportedStatus,
+    ) -> Result<AgentRecord, DiscoveryError> {
+        self.authorize(principal, agent_id, false).await?;
         let now = Utc::now();
         let result = self.store.heartbeat(agent_id, status, now).await;
         self.count("heartbeat", result.is_ok());
@@ -115,8 +163,14 @@ impl Registry {
         Ok(record)
     }
 
-    /// Removes an agent.
-    pub async fn deregister(&self, agent_id: &str) -> Result<(), DiscoveryError> {
+    /// Removes an agent. Removed by an operator, its id is freed for
+    /// another `agent:*` principal; removed by the agent itself, it stays
+    /// bound (so that a restart can register it again and nobody else can).
+    pub async fn deregister(&self, principal: &Principal, agent_id: &str) -> Result<(), DiscoveryError> {
+        self.authorize(principal, agent_id, false).await?;
+        if principal.has(agentmesh_server::auth::Kind::Operator) {
+            self.store.unbind_agent(agent_id).await?;
+        }
         let result = self.store.deregister(agent_id).await;
         self.count("deregister", result.is_ok());
         if !result? {

@@ -326,7 +326,7 @@ pub fn agent_json(record: &AgentRecord, health: HealthStatus) -> Value {
             })
             .collect()
     };
-    serde_json::json!({
+    let mut agent = serde_json::json!({
         "id": def.id,
         "base_url": agentmesh_server::redact(&def.base_url),
         "transport": def.transport.as_str(),
@@ -339,5 +339,9 @@ pub fn agent_json(record: &AgentRecord, health: HealthStatus) -> Value {
         "updated_at": timestamp(record.updated_at),
         "reasoners": caps(CapabilityKind::Reasoner, &def.reasoners),
         "skills": caps(CapabilityKind::Skill, &def.skills),
-    })
+    });
+    if let Some(credential) = &def.credential {
+        agent["credential"] = Value::String(credential.clone());
+    }
+    agent
 }

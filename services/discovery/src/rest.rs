@@ -229,8 +229,7 @@ async fn register(
     let result = async {
         let body = body_or_error(body, state.max_body_bytes)?;
         let definition = parse_document(&body)?;
-        DiscoveryError::check_agent(&principal, &definition.id)?;
-        state.registry.register(definition).await
+        state.registry.register(&principal, definition).await
     }
     .await;
     match result {
@@ -272,7 +271,6 @@ async fn heartbeat(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let result = async {
-        DiscoveryError::check_agent(&principal, &id)?;
         let body = body_or_error(body, state.max_body_bytes)?;
         let parsed: HeartbeatBody =
             if body.iter().all(u8::is_ascii_whitespace) { HeartbeatBody::default() } else { parse_body(&body)? };
@@ -287,7 +285,7 @@ async fn heartbeat(
                 ));
             }
         };
-        state.registry.heartbeat(&id, status).await
+        state.registry.heartbeat(&principal, &id, status).await
     }
     .await;
     match result {
@@ -307,10 +305,7 @@ async fn heartbeat(
 }
 
 async fn deregister(State(state): State<RestState>, AgentPath { id, request_id, principal }: AgentPath) -> Response {
-    if let Err(e) = DiscoveryError::check_agent(&principal, &id) {
-        return ApiError(e, request_id).into_response();
-    }
-    match state.registry.deregister(&id).await {
+    match state.registry.deregister(&principal, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError(e, request_id).into_response(),
     }

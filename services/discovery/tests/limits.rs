@@ -160,3 +160,37 @@ async fn connections_over_the_count_are_closed_at_once_and_silent_ones_after_the
     let (status, _) = ctx.get("/healthz").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// A caller whose calls fill a connection's streams opens another
+/// connection instead of waiting for a stream without a word: with one
+/// stream per connection, three watches over one connection stall the
+/// third; over the pool every service uses, all three open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_a_connections_streams_go_over_another_connection() {
+    let Some(ctx) = Ctx::start_with(Backend::Sqlite, |c| c.service.max_streams_per_connection = 1).await else {
+        return;
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(ctx.svc.url()).unwrap();
+    async fn open_watches<T>(mut grpc: DiscoveryServiceClient<T>, n: usize) -> usize
+    where
+        T: tonic::client::GrpcService<tonic::body::Body> + Clone,
+        T::Error: Into<tonic::codegen::StdError>,
+        T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+        <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+    {
+        let mut open = Vec::new();
+        for _ in 0..n {
+            let watch = grpc.watch_catalog(pb::WatchCatalogRequest { include_snapshot: true });
+            match tokio::time::timeout(Duration::from_secs(3), watch).await {
+                Ok(Ok(stream)) => open.push(stream.into_inner()),
+                _ => break,
+            }
+        }
+        open.len()
+    }
+    let one_connection = DiscoveryServiceClient::new(endpoint.connect_lazy());
+    assert_eq!(open_watches(one_connection, 2).await, 1, "one connection: the second call waits for a stream");
+    let pool = agentmesh_telemetry::pool::Pool::with_limits("discovery", 1, 4, || endpoint.connect_lazy());
+    let pooled = DiscoveryServiceClient::new(pool.clone());
+    assert_eq!(open_watches(pooled, 3).await, 3, "the pool opened a connection per stream: {pool:?}");
+}

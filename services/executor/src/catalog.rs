@@ -42,6 +42,8 @@ pub struct AgentEntry {
     pub base_url: String,
     /// HTTP or gRPC.
     pub transport: Transport,
+    /// The credential it is called with, by name.
+    pub credential: Option<String>,
     /// Capabilities by id.
     pub capabilities: HashMap<String, CapabilityEntry>,
 }
@@ -70,7 +72,13 @@ impl AgentEntry {
             }
         }
         let transport = if agent.transport == pb::Transport::Grpc as i32 { Transport::Grpc } else { Transport::Http };
-        Self { id: agent.id.clone(), base_url: agent.base_url.clone(), transport, capabilities }
+        Self {
+            id: agent.id.clone(),
+            base_url: agent.base_url.clone(),
+            transport,
+            credential: (!agent.credential.is_empty()).then(|| agent.credential.clone()),
+            capabilities,
+        }
     }
 }
 
@@ -217,6 +225,7 @@ pub fn target_of(agent: &AgentEntry, capability: &str, callers: &[String]) -> Re
         agent_id: agent.id.clone(),
         base_url: agent.base_url.clone(),
         transport: agent.transport,
+        credential: agent.credential.clone(),
         capability: capability.to_owned(),
         kind: entry.kind,
         endpoint: entry.endpoint.clone(),

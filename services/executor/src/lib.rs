@@ -7,6 +7,7 @@
 pub mod breaker;
 pub mod catalog;
 pub mod convert;
+pub mod credentials;
 pub mod egress;
 pub mod engine;
 pub mod error;
@@ -101,6 +102,10 @@ pub struct ExecutorConfig {
     /// PEM CA certificates trusted, besides the system's roots, for agents
     /// at `https://` addresses (HTTP and gRPC agents alike).
     pub agent_ca_file: Option<std::path::PathBuf>,
+    /// Credentials presented to agents whose registration names one
+    /// (`credentials` module: TOML, re-read when it changes); each is sent
+    /// only to the agent ids its entry lists.
+    pub agent_credentials_file: Option<std::path::PathBuf>,
 }
 
 agentmesh_server::flat_settings!(ExecutorConfig { service });
@@ -134,6 +139,7 @@ impl Default for ExecutorConfig {
             egress_deny_private: false,
             mesh_addresses: Vec::new(),
             agent_ca_file: None,
+            agent_credentials_file: None,
         }
     }
 }
@@ -275,6 +281,10 @@ pub async fn serve_with_listener(
             config.max_output_bytes,
             agentmesh_telemetry::rpc::ClientSettings { ca_pem: agent_ca, identity: None, bearer: None },
         ),
+        credentials: match &config.agent_credentials_file {
+            Some(path) => credentials::AgentCredentials::watch(path.clone())?,
+            None => credentials::AgentCredentials::default(),
+        },
         breakers: breaker::Breakers::new(
             config.circuit_failure_threshold,
             Duration::from_secs_f64(config.circuit_open_secs),

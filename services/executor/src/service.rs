@@ -53,16 +53,7 @@ fn valid_execution_id(id: &str) -> bool {
 /// the caller is another service of the mesh (the gateway), the client it
 /// names in `x-agentmesh-on-behalf-of`.
 fn owner_of<T>(request: &Request<T>) -> String {
-    let principal = agentmesh_server::principal_of(request.extensions());
-    let on_behalf = request
-        .metadata()
-        .get(agentmesh_server::auth::ON_BEHALF_OF)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 256);
-    match on_behalf {
-        Some(client) if principal.sees_everything() => client.to_owned(),
-        _ => principal.name,
-    }
+    agentmesh_server::auth::acting_for(request)
 }
 
 /// Refuses a caller that neither started the execution `id` (owned by
@@ -363,12 +354,10 @@ impl ExecutorService for ExecutorGrpc {
                 .ok_or_else(|| invalid("page_token", "not a token from a previous page"))?;
             Some((ms, id))
         };
-        let filter = ExecutionFilter { statuses, request_id: r.request_id, before, limit: size + 1 };
-        let mut rows = self.engine.store.list(&filter).await.map_err(ExecutorError::from)?;
         // A client lists only what it started.
-        if !principal.sees_everything() {
-            rows.retain(|row| principal.owns(&owner_in(&row.spec)));
-        }
+        let only = (!principal.sees_everything()).then_some(principal.name);
+        let filter = ExecutionFilter { statuses, request_id: r.request_id, before, limit: size + 1, principal: only };
+        let mut rows = self.engine.store.list(&filter).await.map_err(ExecutorError::from)?;
         let more = rows.len() > usize::try_from(size).unwrap_or(usize::MAX);
         rows.truncate(usize::try_from(size).unwrap_or(usize::MAX));
         let next_page_token = match (more, rows.last()) {

@@ -130,11 +130,7 @@ impl Orchestration {
         if let Ok(value) = self.request_id.parse() {
             request.metadata_mut().insert("x-request-id", value);
         }
-        if !self.owner.is_empty()
-            && let Ok(value) = self.owner.parse()
-        {
-            request.metadata_mut().insert(agentmesh_server::auth::ON_BEHALF_OF, value);
-        }
+        agentmesh_server::auth::on_behalf_of(&mut request, &self.owner);
         request.set_timeout(self.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
         request
     }

@@ -139,14 +139,10 @@ pub async fn serve_with_listener(
         .await
 }
 
-/// Which roles each call needs when authentication is on: plans for
-/// clients, services and operators; the interaction log (every prompt and
-/// answer) for operators only.
+/// Which roles each call needs when authentication is on: clients,
+/// services and operators; `ListInteractions` shows a client only the
+/// calls made for it (its own requests, through the gateway or directly).
 fn access(method: &axum::http::Method, path: &str) -> agentmesh_server::auth::Access {
-    use agentmesh_server::auth::{Access, Kind};
-    if path == "/agentmesh.v1.PlannerService/ListInteractions" {
-        return Access::Roles(&[Kind::Operator]);
-    }
     agentmesh_server::auth::mesh_callers(method, path)
 }
 

@@ -67,7 +67,7 @@ fn stats_to_pb(
 }
 
 impl PlannerGrpc {
-    async fn record(&self, request_id: &str, interactions: &[Interaction]) {
+    async fn record(&self, request_id: &str, principal: &str, interactions: &[Interaction]) {
         let now = Utc::now();
         let records: Vec<InteractionRecord> = interactions
             .iter()
@@ -85,6 +85,7 @@ impl PlannerGrpc {
                 latency_ms: i64::try_from(i.latency.as_millis()).unwrap_or(i64::MAX),
                 error: i.error.clone(),
                 created_at: now,
+                principal: principal.to_owned(),
             })
             .collect();
         if let Err(e) = self.log.record(&records, self.retention).await {
@@ -99,7 +100,7 @@ impl PlannerGrpc {
         excluded
     }
 
-    async fn planning_failed(&self, request_id: &str, error: PlanningError) -> Status {
+    async fn planning_failed(&self, request_id: &str, principal: &str, error: PlanningError) -> Status {
         let interactions = match &error {
             PlanningError::Hallucination { interactions, stats, .. }
             | PlanningError::Exhausted { interactions, stats, .. }
@@ -111,7 +112,7 @@ impl PlannerGrpc {
         if matches!(error, PlanningError::Hallucination { .. }) {
             self.metrics.hallucinations_unrecoverable.inc();
         }
-        self.record(request_id, &interactions).await;
+        self.record(request_id, principal, &interactions).await;
         tracing::warn!(request_id, operation = "create_plan", error = %error, "no plan");
         match error {
             PlanningError::Llm { error, .. } if error.should_fall_back() => Status::unavailable(error.to_string()),
@@ -129,6 +130,7 @@ impl PlannerService for PlannerGrpc {
     ) -> Result<Response<pb::CreatePlanResponse>, Status> {
         let started = Instant::now();
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
+        let principal = agentmesh_server::auth::acting_for(&request);
         let r = request.into_inner();
         if r.query.trim().is_empty() {
             return Err(Status::invalid_argument("query must not be empty"));
@@ -161,7 +163,7 @@ impl PlannerService for PlannerGrpc {
                     plan.reasoning = format!("{}; {note}", plan.reasoning.trim_end_matches(['.', ' ']));
                 }
                 self.metrics.observe_planning(&stats, &interactions);
-                self.record(&request_id, &interactions).await;
+                self.record(&request_id, &principal, &interactions).await;
                 let stats = stats_to_pb(&stats, &interactions, self.llm.as_ref(), started);
                 tracing::info!(
                     request_id,
@@ -178,13 +180,14 @@ impl PlannerService for PlannerGrpc {
                     stats: Some(stats),
                 }))
             }
-            Err(e) => Err(self.planning_failed(&request_id, e).await),
+            Err(e) => Err(self.planning_failed(&request_id, &principal, e).await),
         }
     }
 
     async fn replan(&self, request: Request<pb::ReplanRequest>) -> Result<Response<pb::ReplanResponse>, Status> {
         let started = Instant::now();
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
+        let principal = agentmesh_server::auth::acting_for(&request);
         let r = request.into_inner();
         let Some(collab) = r.collaboration else {
             return Err(Status::invalid_argument("collaboration is required"));
@@ -233,10 +236,10 @@ impl PlannerService for PlannerGrpc {
         let planning = self.planner.replan(&llm, &collab.query, &allowed);
         let outcome = match with_request_id(&request_id, planning).instrument(span).await {
             Ok(outcome) => outcome,
-            Err(e) => return Err(self.planning_failed(&request_id, e).await),
+            Err(e) => return Err(self.planning_failed(&request_id, &principal, e).await),
         };
         self.metrics.observe_planning(&outcome.stats, &outcome.interactions);
-        self.record(&request_id, &outcome.interactions).await;
+        self.record(&request_id, &principal, &outcome.interactions).await;
         // Fresh ids after the existing plan's; dependencies only on new steps
         // or on steps that already succeeded.
         let existing: HashSet<String> =
@@ -280,13 +283,16 @@ impl PlannerService for PlannerGrpc {
         &self,
         request: Request<pb::ListInteractionsRequest>,
     ) -> Result<Response<pb::ListInteractionsResponse>, Status> {
+        // A client reads the calls made for it; operators and services every call.
+        let principal = agentmesh_server::principal_of(request.extensions());
+        let only = (!principal.sees_everything()).then_some(principal.name.as_str());
         let request_id = request.into_inner().request_id;
         if request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is required"));
         }
         let records = self
             .log
-            .interactions(&request_id, Utc::now())
+            .interactions(&request_id, only, Utc::now())
             .await
             .map_err(|e| Status::unavailable(format!("interaction log unavailable: {e}")))?;
         let interactions = records

@@ -129,10 +129,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Records one LLM call in the interaction log.
+    /// Records one LLM call, made for `principal`, in the interaction log.
     async fn record(
         &self,
-        request_id: &str,
+        (request_id, principal): (&str, &str),
         kind: &str,
         request: &CompletionRequest,
         result: Result<&Completion, String>,
@@ -172,6 +172,7 @@ impl Inner {
             latency_ms: i64::try_from(latency.as_millis()).unwrap_or(i64::MAX),
             error,
             created_at: Utc::now(),
+            principal: principal.to_owned(),
         };
         if let Err(e) = self.log.record(&[record], self.retention).await {
             tracing::warn!(request_id, error = %e, "could not record an LLM interaction");
@@ -189,6 +190,7 @@ impl Inner {
     async fn stream_answer(
         self: Arc<Self>,
         request_id: String,
+        principal: String,
         request: CompletionRequest,
         footer: Option<String>,
         tx: mpsc::UnboundedSender<Result<pb::SynthesizeResponse, Status>>,
@@ -210,18 +212,25 @@ impl Inner {
         match result {
             None => {
                 tracing::info!(request_id, "the client went away; synthesis stopped");
-                self.record(&request_id, "synthesis", &request, Err("the client went away".into()), latency).await;
+                self.record(
+                    (&request_id, &principal),
+                    "synthesis",
+                    &request,
+                    Err("the client went away".into()),
+                    latency,
+                )
+                .await;
                 self.finish("Synthesize", started, Err(&Status::cancelled("client went away")));
             }
             Some(Err(e)) => {
                 tracing::warn!(request_id, error = %e, "synthesis failed");
-                self.record(&request_id, "synthesis", &request, Err(e.to_string()), latency).await;
+                self.record((&request_id, &principal), "synthesis", &request, Err(e.to_string()), latency).await;
                 let status = llm_status(&e);
                 self.finish("Synthesize", started, Err(&status));
                 let _ = tx.send(Err(status));
             }
             Some(Ok(completion)) => {
-                self.record(&request_id, "synthesis", &request, Ok(&completion), latency).await;
+                self.record((&request_id, &principal), "synthesis", &request, Ok(&completion), latency).await;
                 let mut tail = String::new();
                 if completion.truncated {
                     tracing::warn!(request_id, "the answer was cut off at the token limit (answer_max_tokens)");
@@ -266,7 +275,12 @@ impl Inner {
         }
     }
 
-    async fn review(&self, r: pb::ReviewRequest, request_id: &str) -> Result<pb::ReviewResponse, Status> {
+    async fn review(
+        &self,
+        r: pb::ReviewRequest,
+        request_id: &str,
+        principal: &str,
+    ) -> Result<pb::ReviewResponse, Status> {
         let outcome = run_outcome(&r.query, r.plan.as_ref(), &r.results, "");
         let catalog = self.catalog(request_id).await;
         let candidates = self.synthesizer.review_candidates(&r.query, &catalog);
@@ -284,11 +298,11 @@ impl Inner {
             let completion = match result {
                 Ok(c) => c,
                 Err(e) => {
-                    self.record(request_id, "review", &request, Err(e.to_string()), latency).await;
+                    self.record((request_id, principal), "review", &request, Err(e.to_string()), latency).await;
                     return Err(llm_status(&e));
                 }
             };
-            self.record(request_id, "review", &request, Ok(&completion), latency).await;
+            self.record((request_id, principal), "review", &request, Ok(&completion), latency).await;
             let u = usage(&completion);
             total.prompt_tokens = total.prompt_tokens.saturating_add(u.prompt_tokens);
             total.completion_tokens = total.completion_tokens.saturating_add(u.completion_tokens);
@@ -381,6 +395,7 @@ impl SynthesisService for SynthesisGrpc {
     ) -> Result<Response<Self::SynthesizeStream>, Status> {
         let started = Instant::now();
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
+        let principal = agentmesh_server::auth::acting_for(&request);
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {
@@ -409,7 +424,7 @@ impl SynthesisService for SynthesisGrpc {
                 }
                 request.reasoning_effort = effort_from_pb(r.reasoning_effort);
                 let span = tracing::info_span!("synthesize", request_id = %request_id, operation = "synthesize");
-                tokio::spawn(inner.stream_answer(request_id, request, footer, tx).instrument(span));
+                tokio::spawn(inner.stream_answer(request_id, principal, request, footer, tx).instrument(span));
             }
         }
         Ok(Response::new(UnboundedReceiverStream::new(rx)))
@@ -418,6 +433,7 @@ impl SynthesisService for SynthesisGrpc {
     async fn review(&self, request: Request<pb::ReviewRequest>) -> Result<Response<pb::ReviewResponse>, Status> {
         let started = Instant::now();
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
+        let principal = agentmesh_server::auth::acting_for(&request);
         let r = request.into_inner();
         let inner = self.inner.clone();
         if let Err(status) = inner.check_query(&r.query) {
@@ -425,7 +441,7 @@ impl SynthesisService for SynthesisGrpc {
             return Err(status);
         }
         let span = tracing::info_span!("review", request_id = %request_id, operation = "review");
-        let result = inner.review(r, &request_id).instrument(span).await;
+        let result = inner.review(r, &request_id, &principal).instrument(span).await;
         inner.finish("Review", started, result.as_ref().map(|_| ()));
         match &result {
             Ok(response) => {

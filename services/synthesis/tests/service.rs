@@ -181,7 +181,7 @@ async fn the_answer_streams_in_chunks_with_failures_listed_and_outputs_fenced(ba
 
     // The interaction log holds the call, with the whole answer.
     let log = agentmesh_store::connect_interaction_log(&m.db.url).await.unwrap();
-    let records = log.interactions("req_answer", chrono::Utc::now()).await.unwrap();
+    let records = log.interactions("req_answer", None, chrono::Utc::now()).await.unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!(
         (records[0].kind.as_str(), records[0].response.as_str()),
@@ -272,7 +272,7 @@ async fn a_review_keeps_only_actions_that_can_be_acted_on() {
     assert_eq!(item["agent"]["enum"], json!(["tz-agent", "weather-tool-v2", ""]));
     assert_eq!(item["step_id"]["enum"], json!(["s2", ""]));
     let log = agentmesh_store::connect_interaction_log(&m.db.url).await.unwrap();
-    let records = log.interactions("req_review", chrono::Utc::now()).await.unwrap();
+    let records = log.interactions("req_review", None, chrono::Utc::now()).await.unwrap();
     assert_eq!(records.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(), ["review"]);
 
     let metrics = agentmesh_testkit::http_client()

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentmesh_bench::{Latencies, print_table, rss_mib};
+use agentmesh_bench::{Latencies, cpu_seconds, print_table, rss_mib};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use anyhow::Context;
@@ -626,6 +626,7 @@ async fn main() -> anyhow::Result<()> {
             for (clients, pacing) in modes {
                 let queries = [("page", Query::Page), ("filtered", Query::Filtered)];
                 for (_, query) in queries.into_iter().filter(|(name, _)| args.queries.iter().any(|q| q == name)) {
+                    let cpu_before = cpu_seconds(pid);
                     let (mut lat, rps) = run_load(
                         &base,
                         protocol,
@@ -640,6 +641,14 @@ async fn main() -> anyhow::Result<()> {
                         },
                     )
                     .await?;
+                    // The server's own CPU per answer: what TLS costs it, whoever
+                    // else shares the machine (the load generator does here).
+                    let server_us = match (cpu_before, cpu_seconds(pid)) {
+                        (Some(before), Some(after)) if lat.count() > 0 => {
+                            format!("{:.0}", (after - before) * 1e6 / lat.count() as f64)
+                        }
+                        _ => "n/a".into(),
+                    };
                     let load = match pacing {
                         None => format!("{clients} closed-loop"),
                         Some(p) => format!("{clients} paced, 1 per {} ms", p.as_millis()),
@@ -655,6 +664,7 @@ async fn main() -> anyhow::Result<()> {
                         query.name().into(),
                         load,
                         format!("{rps:.0}"),
+                        server_us,
                         format!("{:.2}", lat.percentile_ms(50.0)),
                         format!("{:.2}", lat.percentile_ms(95.0)),
                         format!("{:.2}", lat.percentile_ms(99.0)),
@@ -684,7 +694,20 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     print_table(
-        &["agents", "traces", "api", "query", "clients", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors"],
+        &[
+            "agents",
+            "traces",
+            "api",
+            "query",
+            "clients",
+            "req/s",
+            "server CPU µs/req",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "errors",
+        ],
         &rows,
     );
     println!();

@@ -304,7 +304,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
         http.post(format!("{discovery_url}/api/v1/agents")).json(&agent).send().await?.error_for_status()?;
     }
     let mut discovery_client = DiscoveryServiceClient::new(agentmesh_telemetry::rpc::traced(
-        tonic::transport::Endpoint::from_shared(discovery_url.clone())?.connect().await?,
+        agentmesh_telemetry::rpc::channel("discovery", &discovery_url, &Default::default())?,
     ));
     let mut fetches = Latencies::default();
     for i in 0..args.grpc_iterations + args.grpc_iterations / 10 {

@@ -90,6 +90,8 @@ pub struct NewExecution {
     pub steps: i64,
     /// Its first event (sequence 1).
     pub first_event: EventRow,
+    /// The client that started it (empty: a caller without authentication).
+    pub principal: String,
 }
 
 /// What `create` did.
@@ -129,6 +131,8 @@ pub struct ExecutionFilter {
     pub before: Option<(i64, String)>,
     /// At most this many.
     pub limit: i64,
+    /// Only those this client started (`None`: anyone's).
+    pub principal: Option<String>,
 }
 
 /// A change another replica (or this one) made.

@@ -82,7 +82,8 @@ impl ExecutionStore for PostgresExecutions {
         let now_ms = execution.first_event.occurred_at_ms;
         let inserted = sqlx::query(
             "INSERT INTO agentmesh_executions (id, request_id, status, spec, traceparent, last_sequence, steps, owner, \
-             lease_expires_at_ms, created_at_ms, updated_at_ms) VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $9) \
+             lease_expires_at_ms, created_at_ms, updated_at_ms, principal) \
+             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $9, $10) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(&execution.id)
@@ -94,6 +95,7 @@ impl ExecutionStore for PostgresExecutions {
         .bind(owner)
         .bind(lease_expires_at_ms)
         .bind(now_ms)
+        .bind(&execution.principal)
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() == 0 {
@@ -239,6 +241,7 @@ impl ExecutionStore for PostgresExecutions {
             select_executions!(),
             " WHERE (cardinality($1::text[]) = 0 OR status = ANY($1)) AND ($2 = '' OR request_id = $2) \
                AND ($3 = '' AND created_at_ms <= $4 OR (created_at_ms, id) < ($4, $3)) \
+               AND (NOT $6 OR principal = $7) \
              ORDER BY created_at_ms DESC, id DESC LIMIT $5"
         ))
         .bind(&filter.statuses)
@@ -246,6 +249,8 @@ impl ExecutionStore for PostgresExecutions {
         .bind(&before_id)
         .bind(before_ms)
         .bind(filter.limit)
+        .bind(filter.principal.is_some())
+        .bind(filter.principal.as_deref().unwrap_or_default())
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(decode_execution).collect()

@@ -60,7 +60,7 @@ impl ExecutionStore for SqliteExecutions {
         let now_ms = execution.first_event.occurred_at_ms;
         let inserted = sqlx::query(
             "INSERT INTO agentmesh_executions (id, request_id, status, spec, traceparent, last_sequence, steps, owner, \
-             lease_expires_at_ms, created_at_ms, updated_at_ms) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?) \
+             lease_expires_at_ms, created_at_ms, updated_at_ms, principal) VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(&execution.id)
@@ -73,6 +73,7 @@ impl ExecutionStore for SqliteExecutions {
         .bind(lease_expires_at_ms)
         .bind(now_ms)
         .bind(now_ms)
+        .bind(&execution.principal)
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() == 0 {
@@ -200,6 +201,9 @@ impl ExecutionStore for SqliteExecutions {
         }
         if !filter.request_id.is_empty() {
             query.push(" AND request_id = ").push_bind(&filter.request_id);
+        }
+        if let Some(principal) = &filter.principal {
+            query.push(" AND principal = ").push_bind(principal);
         }
         if let Some((ms, id)) = &filter.before {
             query.push(" AND (created_at_ms < ").push_bind(*ms);

@@ -28,6 +28,7 @@ use tracing::Instrument;
 use crate::breaker::Breakers;
 use crate::catalog::Catalog;
 use crate::convert::event_from_row;
+use crate::credentials::AgentCredentials;
 use crate::error::ExecutorError;
 use crate::metrics::Metrics;
 use crate::transport::grpc::GrpcTransport;
@@ -70,6 +71,7 @@ pub struct Engine {
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) http: HttpTransport,
     pub(crate) grpc: GrpcTransport,
+    pub(crate) credentials: AgentCredentials,
     pub(crate) breakers: Breakers,
     pub(crate) planner: Option<PlannerServiceClient<TracedChannel>>,
     pub(crate) metrics: Arc<Metrics>,
@@ -92,6 +94,8 @@ pub struct Parts {
     pub http: HttpTransport,
     /// gRPC agents.
     pub grpc: GrpcTransport,
+    /// What agents that need a credential are sent.
+    pub credentials: AgentCredentials,
     /// Circuits per agent.
     pub breakers: Breakers,
     /// The planner, for loop-back.
@@ -128,6 +132,7 @@ impl Engine {
             catalog: parts.catalog,
             http: parts.http,
             grpc: parts.grpc,
+            credentials: parts.credentials,
             breakers: parts.breakers,
             planner: parts.planner,
             metrics: parts.metrics,
@@ -176,6 +181,7 @@ impl Engine {
             traceparent: accepted.traceparent.clone(),
             steps: i64::try_from(accepted.spec.plan.steps.len()).unwrap_or(i64::MAX),
             first_event: to_row(&first),
+            principal: accepted.spec.principal.clone(),
         };
         let lease = lease_end(chrono::Utc::now(), self.settings.lease);
         match self.store.create(&new, &self.owner, lease).await? {

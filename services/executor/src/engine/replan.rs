@@ -127,6 +127,7 @@ pub async fn ask(engine: &Engine, request: Request) -> ReplanOutcome {
     if let Ok(value) = request.request_id.parse() {
         call.metadata_mut().insert("x-request-id", value);
     }
+    agentmesh_server::auth::on_behalf_of(&mut call, &request.spec.principal);
     match planner.replan(call).await {
         Ok(answer) => {
             let answer = answer.into_inner();

@@ -115,6 +115,10 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
     };
     let target = target_of(&agent, &job.capability, &job.callers).map_err(Failure::fatal)?;
     let admitted = crate::breaker::Admitted::new(&engine.breakers, &job.agent).map_err(Failure::fatal)?;
+    let credential = match &target.credential {
+        Some(name) => Some(engine.credentials.for_agent(name, &target.agent_id).map_err(Failure::fatal)?),
+        None => None,
+    };
     let _permit = engine.step_permits.acquire().await.map_err(|_| Failure::fatal("the executor is stopping"))?;
     let call = Call {
         target: &target,
@@ -126,18 +130,19 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         step_id: &job.step_id,
         attempt,
         timeout: job.timeout,
+        credential: credential.as_ref(),
     };
     let transport: &dyn AgentTransport = match target.transport {
         agentmesh_core::Transport::Http => &engine.http,
         agentmesh_core::Transport::Grpc => &engine.grpc,
     };
     // A step error names the agent's address: never with its password or
-    // a secret query parameter, whatever the transport wrote.
+    // a secret query parameter, whatever the transport wrote, nor with the
+    // credential an agent echoed back.
     let result = transport.invoke(&call).await.map_err(|mut failure| {
-        failure.message = agentmesh_telemetry::secrets::scrub(
-            &failure.message,
-            &agentmesh_telemetry::secrets::url_secrets(&target.base_url),
-        );
+        let mut secrets = agentmesh_telemetry::secrets::url_secrets(&target.base_url);
+        secrets.extend(credential.iter().map(|c| c.secret.clone()));
+        failure.message = agentmesh_telemetry::secrets::scrub(&failure.message, &secrets);
         failure
     });
     let fault = result.as_ref().err().is_some_and(|f| f.agent_fault);

@@ -78,7 +78,10 @@ impl GrpcTransport {
                 .tls_config(self.tls.tls_config())
                 .map_err(|e| Failure::fatal(format!("TLS to the agent at {base_url}: {e}")))?;
         }
-        let channel = endpoint.connect_with_connector_lazy(connector);
+        // Many steps to one agent at once go over several connections.
+        let channel = agentmesh_telemetry::pool::Pool::new(base_url, || {
+            endpoint.clone().connect_with_connector_lazy(connector.clone())
+        });
         // An answer larger than the output limit is refused by the decoder.
         let client = AgentServiceClient::new(traced(channel)).max_decoding_message_size(self.max_output_bytes);
         clients.insert(base_url.to_owned(), client.clone());
@@ -120,6 +123,12 @@ impl AgentTransport for GrpcTransport {
             if let Ok(value) = MetadataValue::try_from(value.as_str()) {
                 request.metadata_mut().insert(name, value);
             }
+        }
+        if let Some(credential) = call.credential
+            && let Ok(key) = tonic::metadata::MetadataKey::from_bytes(credential.header.as_str().as_bytes())
+            && let Ok(value) = MetadataValue::try_from(credential.value.as_bytes())
+        {
+            request.metadata_mut().insert(key, value);
         }
         // Without traces of its own, the executor passes on the context the
         // execution was started in (the traced channel adds nothing then).

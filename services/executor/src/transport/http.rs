@@ -94,6 +94,9 @@ fn headers(call: &Call<'_>) -> HeaderMap {
         set("traceparent", call.traceparent.to_owned());
     }
     agentmesh_telemetry::propagation::inject(&tracing::Span::current(), Some(call.request_id), &mut headers);
+    if let Some(credential) = call.credential {
+        headers.insert(credential.header.clone(), credential.value.clone());
+    }
     headers
 }
 

@@ -21,6 +21,8 @@ pub struct Target {
     pub base_url: String,
     /// How it is called.
     pub transport: Transport,
+    /// The name of the credential it is called with, if it needs one.
+    pub credential: Option<String>,
     /// Reasoner or skill id.
     pub capability: String,
     /// Reasoner or skill.
@@ -54,6 +56,8 @@ pub struct Call<'a> {
     pub attempt: u32,
     /// How long the attempt may take.
     pub timeout: Duration,
+    /// What authenticates the executor to the agent, if it needs it.
+    pub credential: Option<&'a crate::credentials::Credential>,
 }
 
 impl Call<'_> {
