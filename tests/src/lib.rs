@@ -154,6 +154,7 @@ impl Mesh {
             executor_url: format!("http://{executor}"),
             synthesis_url: format!("http://{synthesis}"),
             resume_grace_secs: options.resume_grace_secs.unwrap_or(30.0),
+            discovery_url: discovery.url(),
             ..GatewayConfig::with_database_url(db.url.clone())
         };
         secure(&mut gateway_config.service);

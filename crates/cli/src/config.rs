@@ -444,6 +444,13 @@ pub struct GatewayArgs {
     #[arg(long)]
     #[serde(rename = "synthesis_url")]
     pub synthesis: Option<String>,
+    /// Discovery's address, for the console's agents page [default: http://127.0.0.1:7400].
+    #[arg(long)]
+    #[serde(rename = "discovery_url")]
+    pub discovery: Option<String>,
+    /// Serve the console at `/` [default: true].
+    #[arg(long)]
+    pub console: Option<bool>,
 }
 
 /// Flags of `agentmesh serve executor`.

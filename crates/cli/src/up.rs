@@ -44,6 +44,7 @@ pub fn bind(config: &mut Config) -> anyhow::Result<Listeners> {
     config.gateway.planner_url = format!("http://{}", config.planner.service.listen);
     config.gateway.executor_url = format!("http://{}", config.executor.service.listen);
     config.gateway.synthesis_url = format!("http://{}", config.synthesis.service.listen);
+    config.gateway.discovery_url.clone_from(&discovery_url);
     config.executor.discovery_url = discovery_url;
     if with_planner {
         config.executor.planner_url = Some(format!("http://{}", config.planner.service.listen));

@@ -182,6 +182,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
 /// `/pkg.Service/Method`, REST `/api/v1/...`) to them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
+    /// Anyone, without credentials (pages a browser loads by navigating).
+    Public,
     /// Any authenticated caller.
     Authenticated,
     /// A caller holding one of these.
@@ -373,7 +375,7 @@ impl Authenticator {
             }
         };
         match access {
-            Access::Authenticated => Ok(principal),
+            Access::Public | Access::Authenticated => Ok(principal),
             Access::Roles(kinds) if kinds.iter().any(|k| principal.has(*k)) => Ok(principal),
             Access::Roles(kinds) => Err(Refusal::Denied(format!(
                 "`{}` may not make this call: it needs the role {}",

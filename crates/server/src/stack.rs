@@ -211,6 +211,9 @@ async fn authenticate(State(auth): State<std::sync::Arc<Auth>>, mut request: Req
         return next.run(request).await;
     }
     let access = (auth.rules)(request.method(), path);
+    if access == crate::auth::Access::Public {
+        return next.run(request).await;
+    }
     let peer = request.extensions().get::<crate::auth::PeerCertificate>().copied();
     let refusal = match auth.authenticator.check(request.headers(), peer.as_ref(), access) {
         Ok(principal) => {

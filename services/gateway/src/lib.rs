@@ -5,6 +5,7 @@
 //! server-sent events) on the same port, beside `/metrics`, `/healthz` and
 //! `/readyz`.
 
+pub mod console;
 pub mod events;
 pub mod json;
 pub mod metrics;
@@ -16,6 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
 use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
 use agentmesh_proto::v1::gateway_service_server::GatewayServiceServer;
 use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
@@ -54,6 +56,13 @@ pub struct GatewayConfig {
     /// disconnects, waiting for it to resume (then as long as a resumed
     /// stream follows it); without a resume, its execution is cancelled.
     pub resume_grace_secs: f64,
+    /// Discovery's address, for the console's agents page.
+    pub discovery_url: String,
+    /// Serve the console (the mesh in a browser) at `/`.
+    pub console: bool,
+    /// Where the console links a trace id, `{trace_id}` replaced (Jaeger's
+    /// UI by default); empty: no link.
+    pub console_trace_url: String,
 }
 
 agentmesh_server::flat_settings!(GatewayConfig { service });
@@ -68,6 +77,9 @@ impl Default for GatewayConfig {
             max_query_chars: 4_000,
             event_retention_secs: 3600,
             resume_grace_secs: 30.0,
+            discovery_url: "http://127.0.0.1:7400".into(),
+            console: true,
+            console_trace_url: "http://localhost:16686/trace/{trace_id}".into(),
         }
     }
 }
@@ -80,6 +92,7 @@ impl GatewayConfig {
             ("planner_url", &self.planner_url),
             ("executor_url", &self.executor_url),
             ("synthesis_url", &self.synthesis_url),
+            ("discovery_url", &self.discovery_url),
         ] {
             agentmesh_server::check_service_url(name, url)?;
         }
@@ -92,6 +105,16 @@ impl GatewayConfig {
         );
         Ok(())
     }
+}
+
+/// Which roles each call needs when authentication is on: clients,
+/// services and operators; the console's pages and assets anyone (the JSON
+/// they read is checked like any call).
+fn access(method: &axum::http::Method, path: &str) -> agentmesh_server::auth::Access {
+    if console::is_public(path) {
+        return agentmesh_server::auth::Access::Public;
+    }
+    agentmesh_server::auth::mesh_callers(method, path)
 }
 
 /// Binds `listen` and serves until `shutdown` resolves.
@@ -137,13 +160,21 @@ pub async fn serve_with_listener(
     let pinged = log.clone();
     let server = GatewayServiceServer::new(service::GatewayGrpc { shared: shared.clone() })
         .max_decoding_message_size(config.service.max_request_bytes);
-    let rest = axum::Router::new()
+    let mut rest = axum::Router::new()
         .route("/api/v1/orchestrate", axum::routing::post(rest::orchestrate))
         .route("/api/v1/orchestrations/{request_id}/events", axum::routing::get(rest::resume))
-        .with_state(shared);
+        .with_state(shared.clone());
+    if config.console {
+        rest = rest.merge(console::router(Arc::new(console::Console {
+            executor: shared.clients.executor.clone(),
+            planner: shared.clients.planner.clone(),
+            discovery: DiscoveryServiceClient::new(traced(channel("discovery", &config.discovery_url)?)),
+            trace_url: config.console_trace_url.clone(),
+        })));
+    }
     let purge = agentmesh_store::spawn_orchestration_purge(log);
     let result = agentmesh_server::Service::new("gateway", SERVICE_NAME, tonic::service::Routes::new(server))
-        .authorize(agentmesh_server::auth::mesh_callers)
+        .authorize(access)
         .http(rest)
         .metrics(move || metrics.render())
         .depends_on(vec![

@@ -128,6 +128,7 @@ async fn mesh(dir: &std::path::Path) -> anyhow::Result<Mesh> {
         planner_url: format!("http://{planner}"),
         executor_url: format!("http://{executor}"),
         synthesis_url: format!("http://{synthesis}"),
+        discovery_url: format!("http://{discovery}"),
         ..agentmesh_gateway::GatewayConfig::with_database_url(db("gateway"))
     };
     let gateway = spawn(|l| agentmesh_gateway::serve_with_listener(gateway_config, l, pending())).await?;
