@@ -125,6 +125,25 @@ async fn the_console_serves_its_pages_and_the_mesh_as_json() {
     assert_eq!(agents["agents"][0]["health_status"], "active");
     assert_eq!(agents["agents"][0]["skills"][0]["invocation_target"], "weather-tool-v2:skill:get_current_weather");
 
+    // Catalog changes as they happen: ids and health, never an address.
+    let mut watch = agentmesh_testkit::http_client()
+        .get(format!("{base}/console/api/agents/events"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    mesh.register(&json!({"id": "late-agent", "base_url": "http://user:pw@127.0.0.1:9", "skills": [{"id": "x"}]}))
+        .await;
+    let mut seen = String::new();
+    while !seen.contains("late-agent") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), watch.chunk()).await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(seen.contains("event: catalog_event") && seen.contains(r#""kind":"registered""#), "{seen}");
+    assert!(!seen.contains("127.0.0.1:9") && !seen.contains("pw"), "{seen}");
+    drop(watch);
+
     // The planner's interaction log of the request.
     let (status, interactions) =
         get_json(&format!("{base}/console/api/requests/req_console_1/interactions"), None).await;

@@ -66,6 +66,7 @@ pub fn router(console: Arc<Console>) -> axum::Router {
         .route("/console/api/executions/{id}/follow", get(follow_execution))
         .route("/console/api/executions/{id}/cancel", post(cancel_execution))
         .route("/console/api/agents", get(list_agents))
+        .route("/console/api/agents/events", get(agent_events))
         .route("/console/api/requests/{id}/interactions", get(list_interactions))
         .route("/console/api/layout", post(lay_out))
         .with_state(console)
@@ -417,6 +418,32 @@ async fn list_agents(State(c): State<Arc<Console>>, headers: HeaderMap, Query(q)
         }
         Err(status) => failed(&status),
     }
+}
+
+/// Discovery's catalog changes as server-sent events (`catalog_event`:
+/// `{"kind", "agent_id", "health_status"}`), for the agents page to follow
+/// health as it changes. `WatchCatalog` is for services, so the gateway
+/// asks with its own credential, and passes on only what any caller may
+/// read in the catalog: ids and health.
+async fn agent_events(State(c): State<Arc<Console>>) -> Response {
+    let mut request = tonic::Request::new(pb::WatchCatalogRequest { include_snapshot: false });
+    request.set_timeout(std::time::Duration::from_secs(24 * 3600));
+    let stream = match c.discovery.clone().watch_catalog(request).await {
+        Ok(stream) => stream.into_inner(),
+        Err(status) => return failed(&status),
+    };
+    let events = stream.filter_map(|item| {
+        let event = item.ok()?;
+        let kind = pb::CatalogEventKind::try_from(event.kind).unwrap_or_default();
+        let data = json!({
+            "kind": kind.as_str_name().trim_start_matches("CATALOG_EVENT_KIND_").to_ascii_lowercase(),
+            "agent_id": event.agent_id,
+            "health_status": health_name(event.health_status),
+            "occurred_at": timestamp(event.occurred_at.as_ref()),
+        });
+        Some(Ok::<_, std::convert::Infallible>(SseEvent::default().event("catalog_event").data(data.to_string())))
+    });
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 
 async fn list_interactions(State(c): State<Arc<Console>>, headers: HeaderMap, Path(id): Path<String>) -> Response {

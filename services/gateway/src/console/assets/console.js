@@ -461,6 +461,23 @@ function agentsPage() {
     }
   };
   load();
+  follow(load);
+}
+
+// Follows discovery's catalog changes: health in place, the rest by
+// reloading; polls every 5 s when the stream cannot be had.
+async function follow(load) {
+  let timer = null;
+  const reload = () => { clearTimeout(timer); timer = setTimeout(load, 300); };
+  try {
+    const response = await api("/console/api/agents/events", { headers: { accept: "text/event-stream" } });
+    if (!response.ok) throw new Error(`${response.status}`);
+    for await (const { data } of events(response)) {
+      const badge = document.querySelector(`[data-agent="${CSS.escape(data.agent_id)}"] .agent-health`);
+      if (data.kind === "health_changed" && badge) badge.replaceChildren(state(data.health_status));
+      else reload();
+    }
+  } catch (_) { /* below */ }
   setInterval(load, 5000);
 }
 
