@@ -401,6 +401,11 @@ pub async fn run(
         let gateway = addresses[4].1;
         let flag = if gateway.port() == 7404 { String::new() } else { format!(" --gateway http://{gateway}") };
         println!("  try: agentmesh ask{flag} \"What is the weather in Chicago?\"");
+        println!("  the console: http://{gateway}/ (ask there and watch each plan run; docs/console.md)");
+        println!("  the stories' questions, to ask in the console or with agentmesh ask:");
+        for story in STORIES {
+            println!("    {}", story.query);
+        }
         tokio::select! {
             () = shutdown => {}
             result = &mut mesh => return result.map_err(anyhow::Error::from).and_then(|r| r),

@@ -166,6 +166,36 @@ async fn the_console_in_a_browser_shows_what_the_mesh_does() {
     assert!(execution_link.text().await.unwrap().starts_with("exe_"));
     screenshot(&client, &shots, "ask").await;
 
+    // The recovery story: the review finds the stock price missing, a recovery
+    // round adds its step (retried once) in place, and the answer is written again.
+    let query = client.find(Locator::Css("#query")).await.unwrap();
+    query.clear().await.unwrap();
+    query.send_keys("What is the weather in London and the AAPL stock price?").await.unwrap();
+    client.find(Locator::Css("#send")).await.unwrap().click().await.unwrap();
+    wait_for(&client, "#answer[data-done='true'][data-round='1']", Duration::from_secs(60)).await;
+    wait_for(&client, "#dag g.node[data-step='s1'][data-state='succeeded']", Duration::from_secs(5)).await;
+    wait_for(&client, "#dag g.node[data-step='s2'][data-state='succeeded']", Duration::from_secs(5)).await;
+    let answer = client.find(Locator::Css("#answer")).await.unwrap().text().await.unwrap();
+    assert!(answer.contains("AAPL") && answer.contains("London"), "{answer}");
+    let review = client.find(Locator::Css("#review")).await.unwrap().text().await.unwrap();
+    assert!(review.contains("Both the London weather and the AAPL price are answered"), "{review}");
+    assert!(
+        review.contains("the AAPL stock price is missing") && review.contains("add_step"),
+        "the first review stays: {review}"
+    );
+    assert!(review.contains("Review after recovery round 1"), "{review}");
+    screenshot(&client, &shots, "ask-recovery").await;
+    let link = client.find(Locator::Css("#execution-link")).await.unwrap().attr("href").await.unwrap().unwrap();
+    client.goto(&format!("{gateway}{link}")).await.unwrap();
+    wait_for(&client, "#timeline li", Duration::from_secs(10)).await;
+    wait_for(&client, "#steps tr[data-step='s2']", Duration::from_secs(5)).await;
+    let retried = client.find(Locator::Css("#steps tr[data-step='s2']")).await.unwrap().text().await.unwrap();
+    assert!(
+        retried.contains("succeeded") && !retried.contains("timed out"),
+        "a retry's error goes once it succeeds: {retried}"
+    );
+    assert_eq!(client.find_all(Locator::Css("#dag g.node")).await.unwrap().len(), 2, "each step drawn once");
+
     // A plan run directly: an output holding HTML, a failing step, its dependant.
     let agent = FakeAgent::start(vec![
         ("render", Behavior::Always(Answer::ok(json!({"html": "<script>alert(1)</script><b>bold</b>"})))),

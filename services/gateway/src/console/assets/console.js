@@ -131,7 +131,16 @@ const STEP_STATES = {
   step_succeeded: "succeeded",
   step_failed: "failed",
   step_skipped: "skipped",
+  step_cancelled: "cancelled",
 };
+
+// Steps an event adds (a collaboration's replan, a review's recovery
+// round), those not drawn yet.
+function added(e, steps) {
+  if (!["plan_extended", "execution_extended"].includes(e.kind) || !e.added_steps) return [];
+  const known = new Set(steps.map((s) => s.step_id));
+  return e.added_steps.filter((s) => !known.has(s.step_id));
+}
 
 async function layoutOf(steps) {
   const response = await api("/console/api/layout", {
@@ -208,6 +217,8 @@ function askPage() {
     log.replaceChildren();
     meta.replaceChildren();
     status.replaceChildren("planning…");
+    delete answer.dataset.round;
+    delete answer.dataset.done;
     let steps = [];
     let drawing = null;
     const states = {};
@@ -252,19 +263,29 @@ function askPage() {
             states[e.step_id] = STEP_STATES[e.kind];
             if (drawing) drawing.set(e.step_id, states[e.step_id]);
           }
-          if (e.kind === "plan_extended" && e.added_steps) {
-            steps = steps.concat(e.added_steps);
+          const more = added(e, steps);
+          if (more.length) {
+            steps = steps.concat(more);
             await redraw();
+          }
+          if (e.kind === "execution_extended") {
+            status.replaceChildren(`recovery round ${data.round}: ${more.length} step(s) added after the review…`);
           }
         } else if (event === "synthesis_chunk") {
           answer.hidden = false;
+          // A recovery round writes the answer again: start it afresh.
+          if (answer.dataset.round !== String(data.round)) {
+            answer.replaceChildren();
+            answer.dataset.round = String(data.round);
+          }
           answer.append(data.synthesis_chunk.text);
           status.replaceChildren("answering…");
         } else if (event === "review") {
           const r = data.review;
           review.hidden = false;
-          review.replaceChildren(
-            el("h2", {}, "Review"),
+          // Every review stays: the one that asked for a recovery round, then the next.
+          review.append(
+            el("h2", {}, data.round > 0 ? `Review after recovery round ${data.round}` : "Review"),
             el("p", {}, r.goal_achieved ? state("succeeded") : state("failed"), ` ${r.summary || ""}`),
             r.missing_data && r.missing_data.length ? el("p", {}, `missing: ${r.missing_data.join(", ")}`) : "",
             r.recovery_actions && r.recovery_actions.length
@@ -392,14 +413,18 @@ async function executionPage() {
       const r = results.get(e.step_id) || {};
       if (e.attempt) r.attempt = e.attempt;
       if (e.output !== undefined) r.output = e.output;
-      if (e.error) r.error = e.error;
+      // A retry's error stays only until the step succeeds.
+      if (e.kind === "step_succeeded") delete r.error;
+      else if (e.error) r.error = e.error;
       results.set(e.step_id, r);
     }
-    if (e.kind === "plan_extended" && e.added_steps) {
-      steps.push(...e.added_steps);
+    const more = added(e, steps);
+    if (more.length) {
+      steps.push(...more);
       drawing = drawDag(steps, await layoutOf(steps), states);
       dagBox.replaceChildren(drawing.svg);
     }
+    if (e.kind === "execution_extended") statusBox.replaceChildren(state("running"));
     const finished = { execution_completed: "completed", execution_failed: "failed", execution_cancelled: "cancelled" }[e.kind];
     if (finished) {
       statusBox.replaceChildren(state(finished));
@@ -483,6 +508,17 @@ async function follow(load) {
 
 // ---- Planner interactions ------------------------------------------------------
 
+// What each kind of LLM call was for, in the words of the planner's docs.
+const KIND_NOTES = {
+  preselection: "Picking the relevant tools from a large catalog before planning.",
+  plan: "The first plan, over the capabilities offered.",
+  plan_retry: "Asked again: the last answer could not be read as a valid plan (the error says why).",
+  hallucination_retry: "Asked again: the last plan named an agent or capability that was not offered (the error before names it); the allowed list is given once more.",
+  replan: "A collaboration request from an agent (or a review's recovery round), planned over what it may use.",
+  synthesis: "Writing the answer from the step results.",
+  review: "Judging whether the answer achieves the request, and what could recover it.",
+};
+
 async function requestPage() {
   const id = arg;
   main.replaceChildren(el("h1", {}, "Request ", el("code", {}, id)),
@@ -495,6 +531,7 @@ async function requestPage() {
     for (const i of data.interactions) {
       main.append(el("section", { class: "panel", "data-kind": i.kind },
         el("h2", {}, i.kind, " ", i.error ? state("error") : ""),
+        KIND_NOTES[i.kind] ? el("p", { class: "meta" }, KIND_NOTES[i.kind]) : "",
         el("div", { class: "meta" }, el("span", {}, `${i.provider} ${i.model}`), el("span", {}, `${i.latency_ms} ms`),
           el("span", {}, `${i.prompt_tokens} + ${i.completion_tokens} tokens`), el("span", {}, when(i.created_at))),
         i.error ? el("p", { class: "error" }, i.error) : "",
