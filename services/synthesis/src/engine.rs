@@ -324,11 +324,13 @@ impl Synthesizer {
         steps.push("");
         json!({
             "type": "object",
+            // The verdict first: an answer cut off at the token limit still
+            // carries it (see `close_cut_json`).
             "properties": {
-                "summary": {"type": "string", "minLength": 1, "maxLength": 400},
-                "missing_data": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "maxItems": 5},
                 "goal_achieved": {"type": "boolean"},
                 "confidence": {"type": "number"},
+                "summary": {"type": "string", "minLength": 1, "maxLength": 400},
+                "missing_data": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "maxItems": 5},
                 "recovery_actions": {"type": "array", "maxItems": 3, "items": {
                     "type": "object",
                     "properties": {
@@ -343,7 +345,7 @@ impl Synthesizer {
                     "additionalProperties": false
                 }}
             },
-            "required": ["summary", "missing_data", "goal_achieved", "confidence", "recovery_actions"],
+            "required": ["goal_achieved", "confidence", "summary", "missing_data", "recovery_actions"],
             "additionalProperties": false
         })
     }
@@ -358,9 +360,9 @@ impl Synthesizer {
     ) -> CompletionRequest {
         let system = format!(
             "You review whether the results of a run achieve the user's request. Judge only from the results. \
-             Answer with one JSON object: summary (what was and was not achieved), missing_data (what the user \
-             asked for that the results do not contain), goal_achieved (true or false), confidence (0 to 1), \
-             and recovery_actions (empty when the goal was achieved). A recovery action is add_step (run one of \
+             Answer with one short JSON object: goal_achieved (true or false), confidence (0 to 1), summary \
+             (one sentence: what was and was not achieved), missing_data (what the user asked for that the \
+             results do not contain), and recovery_actions (empty when the goal was achieved). A recovery action is add_step (run one of \
              the listed tools: set agent, capability and query), retry_step (run a step that did not succeed \
              again: set step_id) or ask_user (only the user can supply what is missing). Leave unused fields \
              empty. {}",
@@ -404,7 +406,9 @@ impl Synthesizer {
         outcome: &RunOutcome,
         catalog: &[AllowedCapability],
     ) -> Result<Verdict, String> {
-        let json = extract_json(answer).ok_or("the answer contains no JSON object")?;
+        // An object cut off at the token limit is closed and read for what it holds.
+        let cut = if extract_json(answer).is_none() { close_cut_json(answer) } else { None };
+        let json = extract_json(answer).or(cut.as_deref()).ok_or("the answer contains no JSON object")?;
         let json = agentmesh_core::plan::escape_control_in_strings(json);
         let value: Value = serde_json::from_str(&json).map_err(|e| format!("the answer is not valid JSON: {e}"))?;
         let goal_achieved = match value.get("goal_achieved") {
@@ -500,6 +504,59 @@ impl Synthesizer {
             other => Err(format!("recovery action dropped: unknown kind `{other}`")),
         }
     }
+}
+
+/// A JSON object cut off before its end (an answer stopped at the token
+/// limit), closed where it stops: an open string ended, a dangling `,` or
+/// `"key":` dropped, every open array and object closed. `None` when there
+/// is no object, or it was complete.
+pub fn close_cut_json(answer: &str) -> Option<String> {
+    let start = answer.find('{')?;
+    let text = &answer[start..];
+    let (mut open, mut in_string, mut escaped) = (Vec::new(), false, false);
+    for c in text.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '{' | '[' if !in_string => open.push(c),
+            '}' | ']' if !in_string => {
+                open.pop();
+                if open.is_empty() {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut closed = text.to_owned();
+    if escaped {
+        closed.pop();
+    }
+    if in_string {
+        closed.push('"');
+    }
+    // A value never begun, or a key without its value, is dropped.
+    loop {
+        let trimmed = closed.trim_end();
+        if trimmed.ends_with(',') || trimmed.ends_with(':') {
+            let without = &trimmed[..trimmed.len() - 1];
+            closed = if trimmed.ends_with(':') {
+                // `"key":` goes whole: the key is the string before the colon.
+                let key_start = without.trim_end().trim_end_matches('"').rfind('"').unwrap_or(0);
+                without[..key_start].to_owned()
+            } else {
+                without.to_owned()
+            };
+        } else {
+            closed.truncate(trimmed.len());
+            break;
+        }
+    }
+    for c in open.iter().rev() {
+        closed.push(if *c == '{' { '}' } else { ']' });
+    }
+    Some(closed)
 }
 
 #[cfg(test)]
@@ -642,5 +699,24 @@ mod tests {
             s.read_review(r#"{"goal_achieved": true, "confidence": 7e300, "recovery_actions": [{}]}"#, &outcome(), &[]);
         let done = done.unwrap();
         assert!(done.actions.is_empty() && done.dropped.len() == 1 && done.confidence == 1.0);
+    }
+
+    #[test]
+    fn an_answer_cut_off_at_the_token_limit_is_closed_and_read() {
+        let s = Synthesizer::default();
+        // Cut in the summary: the verdict, written first, is kept.
+        let cut = r#"{"goal_achieved": true, "confidence": 0.9, "summary": "Chicago is at 21 \u00b0C and sun"#;
+        let v = s.read_review(cut, &outcome(), &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(v.goal_achieved && (v.confidence - 0.9).abs() < 1e-9);
+        assert_eq!(v.summary, "Chicago is at 21 °C and sun");
+        // Cut after a key, inside an array, after a comma.
+        assert_eq!(close_cut_json(r#"x {"a": 1, "summary":"#).as_deref(), Some(r#"{"a": 1}"#));
+        assert_eq!(close_cut_json(r#"{"m": ["one", "tw"#).as_deref(), Some(r#"{"m": ["one", "tw"]}"#));
+        assert_eq!(close_cut_json(r#"{"m": [{"k": 1},"#).as_deref(), Some(r#"{"m": [{"k": 1}]}"#));
+        assert_eq!(close_cut_json(r#"{"a": 1}"#), None, "a complete object needs nothing");
+        assert_eq!(close_cut_json("no object"), None);
+        // Cut before the verdict: still refused, so the model is asked again.
+        let early = r#"{"summary": "half"#;
+        assert_eq!(s.read_review(early, &outcome(), &[]), Err("`goal_achieved` must be true or false".into()));
     }
 }

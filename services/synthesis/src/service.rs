@@ -315,13 +315,28 @@ impl Inner {
                     });
                 }
                 Err(problem) => {
+                    let problem = if completion.truncated {
+                        format!("{problem} (the answer was cut off at the token limit, review_max_tokens)")
+                    } else {
+                        problem
+                    };
                     tracing::info!(request_id, attempt, problem = %problem, "the review could not be read; asking again");
                     request = base.clone();
-                    request.messages.push(Message { role: Role::Assistant, content: completion.text.clone() });
-                    request.messages.push(Message::user(format!(
-                        "That answer could not be used: {problem}. Answer again with one JSON object with the fields \
-                         summary, missing_data, goal_achieved, confidence and recovery_actions."
-                    )));
+                    if completion.truncated {
+                        // The cut answer would only use up the room again: ask for a shorter one.
+                        request.messages.push(Message::user(
+                            "Your last answer was too long and was cut off. Answer again with one short JSON object: \
+                             goal_achieved, confidence, a one-sentence summary, at most two short missing_data \
+                             items, and recovery_actions."
+                                .to_owned(),
+                        ));
+                    } else {
+                        request.messages.push(Message { role: Role::Assistant, content: completion.text.clone() });
+                        request.messages.push(Message::user(format!(
+                            "That answer could not be used: {problem}. Answer again with one JSON object with the \
+                             fields goal_achieved, confidence, summary, missing_data and recovery_actions."
+                        )));
+                    }
                     last_problem = problem;
                 }
             }
