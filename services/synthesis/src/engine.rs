@@ -324,12 +324,14 @@ impl Synthesizer {
         steps.push("");
         json!({
             "type": "object",
-            // The verdict first: an answer cut off at the token limit still
-            // carries it (see `close_cut_json`).
+            // The summary first, so that a small model states what it found
+            // before it judges; the verdict before the lists, so that an
+            // answer cut off at the token limit still carries it (see
+            // `close_cut_json`).
             "properties": {
+                "summary": {"type": "string", "minLength": 1, "maxLength": 400},
                 "goal_achieved": {"type": "boolean"},
                 "confidence": {"type": "number"},
-                "summary": {"type": "string", "minLength": 1, "maxLength": 400},
                 "missing_data": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 200}, "maxItems": 5},
                 "recovery_actions": {"type": "array", "maxItems": 3, "items": {
                     "type": "object",
@@ -345,7 +347,7 @@ impl Synthesizer {
                     "additionalProperties": false
                 }}
             },
-            "required": ["goal_achieved", "confidence", "summary", "missing_data", "recovery_actions"],
+            "required": ["summary", "goal_achieved", "confidence", "missing_data", "recovery_actions"],
             "additionalProperties": false
         })
     }
@@ -360,8 +362,8 @@ impl Synthesizer {
     ) -> CompletionRequest {
         let system = format!(
             "You review whether the results of a run achieve the user's request. Judge only from the results. \
-             Answer with one short JSON object: goal_achieved (true or false), confidence (0 to 1), summary \
-             (one sentence: what was and was not achieved), missing_data (what the user asked for that the \
+             Answer with one short JSON object: summary (one sentence: what was and was not achieved), \
+             goal_achieved (true or false), confidence (0 to 1), missing_data (what the user asked for that the \
              results do not contain), and recovery_actions (empty when the goal was achieved). A recovery action is add_step (run one of \
              the listed tools: set agent, capability and query), retry_step (run a step that did not succeed \
              again: set step_id) or ask_user (only the user can supply what is missing). Leave unused fields \
@@ -704,11 +706,13 @@ mod tests {
     #[test]
     fn an_answer_cut_off_at_the_token_limit_is_closed_and_read() {
         let s = Synthesizer::default();
-        // Cut in the summary: the verdict, written first, is kept.
-        let cut = r#"{"goal_achieved": true, "confidence": 0.9, "summary": "Chicago is at 21 \u00b0C and sun"#;
+        // Cut in the lists: the summary and the verdict, written before them, are kept.
+        let cut = r#"{"summary": "Chicago is at 21 \u00b0C", "goal_achieved": false, "confidence": 0.9,
+            "missing_data": ["the humidity", "the wi"#;
         let v = s.read_review(cut, &outcome(), &[]).unwrap_or_else(|e| panic!("{e}"));
-        assert!(v.goal_achieved && (v.confidence - 0.9).abs() < 1e-9);
-        assert_eq!(v.summary, "Chicago is at 21 °C and sun");
+        assert!(!v.goal_achieved && (v.confidence - 0.9).abs() < 1e-9);
+        assert_eq!(v.summary, "Chicago is at 21 °C");
+        assert_eq!(v.missing_data, ["the humidity", "the wi"]);
         // Cut after a key, inside an array, after a comma.
         assert_eq!(close_cut_json(r#"x {"a": 1, "summary":"#).as_deref(), Some(r#"{"a": 1}"#));
         assert_eq!(close_cut_json(r#"{"m": ["one", "tw"#).as_deref(), Some(r#"{"m": ["one", "tw"]}"#));

@@ -326,7 +326,7 @@ impl Inner {
                         // The cut answer would only use up the room again: ask for a shorter one.
                         request.messages.push(Message::user(
                             "Your last answer was too long and was cut off. Answer again with one short JSON object: \
-                             goal_achieved, confidence, a one-sentence summary, at most two short missing_data \
+                             a one-sentence summary, goal_achieved, confidence, at most two short missing_data \
                              items, and recovery_actions."
                                 .to_owned(),
                         ));
@@ -334,7 +334,7 @@ impl Inner {
                         request.messages.push(Message { role: Role::Assistant, content: completion.text.clone() });
                         request.messages.push(Message::user(format!(
                             "That answer could not be used: {problem}. Answer again with one JSON object with the \
-                             fields goal_achieved, confidence, summary, missing_data and recovery_actions."
+                             fields summary, goal_achieved, confidence, missing_data and recovery_actions."
                         )));
                     }
                     last_problem = problem;
