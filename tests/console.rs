@@ -169,25 +169,17 @@ async fn the_console_serves_its_pages_and_the_mesh_as_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_authentication_on_pages_load_and_the_data_is_the_callers_own() {
-    use agentmesh_server::auth::token_hash;
     let dir = std::env::temp_dir().join(format!("agentmesh-console-auth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.toml");
-    let entry = |principal: &str, role: &str, token: &str| {
-        format!("[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n", token_hash(token))
-    };
     let (service, operator, shop, billing) = ("svc-tok-2", "op-tok-2", "shop-tok-2", "billing-tok-2");
-    std::fs::write(
-        &tokens,
-        [
-            entry("mesh", "service", service),
-            entry("ops", "operator", operator),
-            entry("shop", "client", shop),
-            entry("billing", "client", billing),
-        ]
-        .concat(),
-    )
-    .unwrap();
+    let entries = [
+        ("mesh", "service", service),
+        ("ops", "operator", operator),
+        ("shop", "client", shop),
+        ("billing", "client", billing),
+    ];
+    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
     let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
     let Some(mesh) = Mesh::start(Backend::Sqlite, replies(), options).await else { return };
     let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])

@@ -651,25 +651,17 @@ async fn an_agent_that_asks_for_help_loops_back_through_the_planner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_authentication_on_a_client_orchestrates_and_only_it_follows_its_orchestration() {
-    use agentmesh_server::auth::token_hash;
     let dir = std::env::temp_dir().join(format!("agentmesh-gateway-auth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens.toml");
-    let entry = |principal: &str, role: &str, token: &str| {
-        format!("[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n", token_hash(token))
-    };
     let (service, operator, shop, billing) = ("svc-tok-1", "op-tok-1", "shop-tok-1", "billing-tok-1");
-    std::fs::write(
-        &tokens,
-        [
-            entry("mesh", "service", service),
-            entry("ops", "operator", operator),
-            entry("shop", "client", shop),
-            entry("billing", "client", billing),
-        ]
-        .concat(),
-    )
-    .unwrap();
+    let entries = [
+        ("mesh", "service", service),
+        ("ops", "operator", operator),
+        ("shop", "client", shop),
+        ("billing", "client", billing),
+    ];
+    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
     let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
     let replies = vec![
         ScriptedReply::openai_content(&weather_plan()),

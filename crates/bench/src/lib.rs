@@ -1,5 +1,5 @@
 //! Shared pieces of the bench binaries: latency statistics, process memory,
-//! and a table printer.
+//! a table printer, and starting a service in the process.
 
 use std::time::Duration;
 
@@ -60,6 +60,24 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
     // utime and stime are the 14th and 15th fields, the 12th and 13th after the name.
     Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// Starts a service of this process on a loopback port and waits until
+/// its `/healthz` answers; returns its address.
+pub async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> anyhow::Result<std::net::SocketAddr>
+where
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let listener = agentmesh_server::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(serve(listener));
+    let http = agentmesh_llm::client_builder().build()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http.get(format!("http://{addr}/healthz")).send().await.is_err() {
+        anyhow::ensure!(!task.is_finished() && std::time::Instant::now() < deadline, "a service did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(addr)
 }
 
 /// Prints a Markdown table.

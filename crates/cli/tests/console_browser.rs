@@ -12,7 +12,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::BufRead as _;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -43,40 +44,6 @@ fn find(name: &str, variable: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-/// `agentmesh demo --serve` on free ports, heartbeats every second (so an
-/// agent that stops is inactive after 6 s); the services' addresses.
-fn start_demo(dir: &Path) -> (Child, std::collections::HashMap<String, String>) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
-    command
-        .args(["demo", "--serve", "--data-dir", dir.to_str().unwrap()])
-        .env_remove("AGENTMESH_CONFIG")
-        .env("AGENTMESH_DISCOVERY__HEARTBEAT_INTERVAL_SECS", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for service in ["DISCOVERY", "PLANNER", "EXECUTOR", "SYNTHESIS", "GATEWAY"] {
-        command.env(format!("AGENTMESH_{service}__LISTEN"), "127.0.0.1:0");
-    }
-    let mut demo = Child(command.spawn().unwrap());
-    let mut addresses = std::collections::HashMap::new();
-    let mut lines = std::io::BufReader::new(demo.0.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if let [name, url] = words[..]
-            && url.starts_with("http://")
-        {
-            addresses.insert(name.to_owned(), url.to_owned());
-        }
-        if addresses.contains_key("gateway") {
-            break;
-        }
-    }
-    // Keep reading (and dropping) what the demo prints, so that it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    assert!(addresses.contains_key("gateway"), "the demo printed no gateway address");
-    (demo, addresses)
-}
-
 fn start_chromedriver(chromedriver: &Path) -> (Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Child(
@@ -105,10 +72,7 @@ async fn browser(webdriver: &str, chromium: &Path) -> Client {
     loop {
         match ClientBuilder::new(connector.clone()).capabilities(capabilities.clone()).connect(webdriver).await {
             Ok(client) => return client,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            Err(_) if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Err(e) => panic!("cannot start a browser session with chromedriver at {webdriver}: {e}"),
         }
     }
@@ -145,7 +109,9 @@ async fn the_console_in_a_browser_shows_what_the_mesh_does() {
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let dir = std::env::temp_dir().join(format!("agentmesh-console-browser-{}", std::process::id()));
-    let (_demo, addresses) = start_demo(&dir);
+    // Heartbeats every second, so that an agent that stops is inactive after 6 s.
+    let demo = common::serve_demo(&dir, &[("AGENTMESH_DISCOVERY__HEARTBEAT_INTERVAL_SECS", "1")]);
+    let addresses = &demo.addresses;
     let gateway = addresses["gateway"].clone();
     let discovery = addresses["discovery"].clone();
     let (_driver, webdriver) = start_chromedriver(&chromedriver);
@@ -264,8 +230,6 @@ async fn the_console_in_a_browser_shows_what_the_mesh_does() {
     screenshot(&client, &shots, "agents").await;
 
     // The LLM calls of the request asked on the Ask page.
-    let request_link = client.find(Locator::Css("a[href^='/requests/']")).await;
-    drop(request_link);
     let requests = http.get(format!("{gateway}/console/api/executions")).send().await.unwrap();
     let listed: serde_json::Value = requests.json().await.unwrap();
     let asked = listed["executions"]

@@ -8,60 +8,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::BufRead as _;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/python")
 }
 
-/// Stops the demo when the test ends, however it ends.
-struct Demo(std::process::Child);
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn ask_and_the_python_examples_work_against_demo_serve() {
     let dir = std::env::temp_dir().join(format!("agentmesh-python-examples-{}", std::process::id()));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_agentmesh"));
-    command
-        .args(["demo", "--serve", "--data-dir", dir.to_str().unwrap()])
-        .env_remove("AGENTMESH_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for service in ["DISCOVERY", "PLANNER", "EXECUTOR", "SYNTHESIS", "GATEWAY"] {
-        command.env(format!("AGENTMESH_{service}__LISTEN"), "127.0.0.1:0");
-    }
-    let mut demo = Demo(command.spawn().unwrap());
-    // The demo prints each service's address, then keeps running.
-    let mut addresses = std::collections::HashMap::new();
-    let mut printed = String::new();
-    // Kept open until the end: the demo goes on printing, and a closed
-    // pipe would end it.
-    let mut lines = std::io::BufReader::new(demo.0.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        printed.push_str(&line);
-        printed.push('\n');
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if let [name, url] = words[..]
-            && url.starts_with("http://")
-        {
-            addresses.insert(name.to_owned(), url.to_owned());
-        }
-        if addresses.contains_key("gateway") {
-            break;
-        }
-    }
-    let (Some(discovery), Some(gateway)) = (addresses.get("discovery"), addresses.get("gateway")) else {
-        panic!("the demo printed no addresses:\n{printed}");
-    };
+    let demo = common::serve_demo(&dir, &[]);
+    let (discovery, gateway) = (&demo.addresses["discovery"], &demo.addresses["gateway"]);
     // agentmesh ask, as the demo's banner suggests.
     let asked = Command::new(env!("CARGO_BIN_EXE_agentmesh"))
         .args(["ask", "What is the weather in Chicago?", "--gateway", gateway])
@@ -91,7 +51,6 @@ fn ask_and_the_python_examples_work_against_demo_serve() {
         .unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     drop(demo);
-    drop(lines);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(output.status.success(), "the Python examples failed:\n{said}");
     for example in ["client_grpc.py", "client_rest.py", "agent.py"] {

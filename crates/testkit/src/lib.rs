@@ -17,7 +17,7 @@ mod process;
 mod proxy;
 mod service;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use agent::{Answer, Behavior, FakeAgent, ReceivedCall};
@@ -192,6 +192,21 @@ macro_rules! both_backends {
             async fn $case() { super::$case($crate::Backend::Postgres).await })*
         }
     };
+}
+
+/// Writes an `auth_tokens_file` at `path` giving each `(principal, role,
+/// token)` its entry (the token's SHA-256, never the token).
+pub fn write_tokens_file(path: &Path, entries: &[(&str, &str, &str)]) -> std::io::Result<()> {
+    let text: String = entries
+        .iter()
+        .map(|(principal, role, token)| {
+            format!(
+                "[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n",
+                agentmesh_server::auth::token_hash(token)
+            )
+        })
+        .collect();
+    std::fs::write(path, text)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ mod common;
 
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use agentmesh_server::auth::token_hash;
 use agentmesh_testkit::Backend;
 use common::Ctx;
 use serde_json::{Value, json};
@@ -18,14 +17,9 @@ const TEAM_A: &str = "team-a-agents-token-19fa";
 const TEAM_B: &str = "team-b-agents-token-7c02";
 
 fn tokens_file(backend: Backend) -> std::path::PathBuf {
-    let entry = |principal: &str, role: &str, token: &str| {
-        format!("[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n", token_hash(token))
-    };
-    let text =
-        [entry("ops", "operator", OPERATOR), entry("team-a", "agent:*", TEAM_A), entry("team-b", "agent:*", TEAM_B)]
-            .concat();
     let path = std::env::temp_dir().join(format!("agentmesh-bindings-{}-{backend:?}.toml", std::process::id()));
-    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+    let entries = [("ops", "operator", OPERATOR), ("team-a", "agent:*", TEAM_A), ("team-b", "agent:*", TEAM_B)];
+    agentmesh_testkit::write_tokens_file(&path, &entries).unwrap_or_else(|e| panic!("{e}"));
     path
 }
 

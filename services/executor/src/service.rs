@@ -49,13 +49,6 @@ fn valid_execution_id(id: &str) -> bool {
     (1..=128).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
 }
 
-/// Who an execution started by this call belongs to: the caller, or, when
-/// the caller is another service of the mesh (the gateway), the client it
-/// names in `x-agentmesh-on-behalf-of`.
-fn owner_of<T>(request: &Request<T>) -> String {
-    agentmesh_server::auth::acting_for(request)
-}
-
 /// Refuses a caller that neither started the execution `id` (owned by
 /// `owner`) nor sees everything.
 fn may_act_on(principal: &agentmesh_server::Principal, owner: &str, id: &str) -> Result<(), Status> {
@@ -217,7 +210,8 @@ impl ExecutorService for ExecutorGrpc {
     async fn execute(&self, request: Request<pb::ExecuteRequest>) -> Result<Response<Self::ExecuteStream>, Status> {
         let request_id = agentmesh_server::call_request_id(request.metadata(), &request.get_ref().request_id)?;
         let incoming = incoming_traceparent(request.metadata());
-        let owner = owner_of(&request);
+        // The caller's, or the client's a service of the mesh (the gateway) names.
+        let owner = agentmesh_server::auth::acting_for(&request);
         let mut accepted = self.accept(pb::ExecuteRequest { request_id, ..request.into_inner() })?;
         accepted.spec.principal = owner;
         if accepted.traceparent.is_empty() {

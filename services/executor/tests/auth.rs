@@ -12,7 +12,6 @@ mod common;
 
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
-use agentmesh_server::auth::token_hash;
 use agentmesh_testkit::{Answer, Backend, Behavior, FakeAgent};
 use common::{Mesh, event_for, options, plan, request, step};
 use pb::ExecutionEventKind as Kind;
@@ -25,19 +24,18 @@ const WEATHER: &str = "weather-agent-token-2b8c";
 const EXECUTOR: &str = "executor-service-token-c4a1";
 
 fn tokens_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let entry = |principal: &str, role: &str, token: &str| {
-        format!("[[token]]\nprincipal = \"{principal}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n\n", token_hash(token))
-    };
-    let text = [
-        entry("ops", "operator", OPERATOR),
-        entry("shop", "client", SHOP),
-        entry("billing", "client", BILLING),
-        entry("weather", "agent:weather-tool-v2", WEATHER),
-        entry("executor", "service", EXECUTOR),
-    ]
-    .concat();
     let path = dir.join("tokens.toml");
-    std::fs::write(&path, text).unwrap();
+    agentmesh_testkit::write_tokens_file(
+        &path,
+        &[
+            ("ops", "operator", OPERATOR),
+            ("shop", "client", SHOP),
+            ("billing", "client", BILLING),
+            ("weather", "agent:weather-tool-v2", WEATHER),
+            ("executor", "service", EXECUTOR),
+        ],
+    )
+    .unwrap();
     path
 }
 

@@ -19,10 +19,9 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use agentmesh_bench::print_table;
+use agentmesh_bench::{print_table, spawn};
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::executor_service_client::ExecutorServiceClient;
 use agentmesh_testkit::{Answer, Behavior, FakeAgent};
@@ -48,23 +47,6 @@ struct Args {
     /// The WebDriver server.
     #[arg(long, default_value = "chromedriver")]
     chromedriver: String,
-}
-
-/// Starts a service on a loopback port and waits for `/healthz`.
-async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> anyhow::Result<SocketAddr>
-where
-    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    let listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let addr = listener.local_addr()?;
-    let task = tokio::spawn(serve(listener));
-    let http = agentmesh_llm::client_builder().build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http.get(format!("http://{addr}/healthz")).send().await.is_err() {
-        anyhow::ensure!(!task.is_finished() && Instant::now() < deadline, "a service did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(addr)
 }
 
 fn plan(steps: usize) -> pb::Plan {

@@ -529,13 +529,7 @@ async fn main() -> anyhow::Result<()> {
         // Written as server.pem and server.key, where the child reads them.
         pki.issue("server")?;
         let token = format!("bench-{:016x}", rand::random::<u64>());
-        std::fs::write(
-            pki.dir().join("tokens.toml"),
-            format!(
-                "[[token]]\nprincipal = \"bench\"\nroles = [\"operator\"]\nsha256 = \"{}\"\n",
-                agentmesh_server::auth::token_hash(&token)
-            ),
-        )?;
+        agentmesh_testkit::write_tokens_file(&pki.dir().join("tokens.toml"), &[("bench", "operator", &token)])?;
         let _ = SECURE.set(Secure { ca_pem: (!args.no_tls).then(|| pki.ca_pem.clone()), token });
         Some(pki)
     } else {

@@ -233,15 +233,9 @@ async fn main() -> anyhow::Result<()> {
         pki.issue("server")?;
         let (operator, service) =
             (format!("op-{:016x}", rand::random::<u64>()), format!("svc-{:016x}", rand::random::<u64>()));
-        let entry = |name: &str, role: &str, token: &str| {
-            format!(
-                "[[token]]\nprincipal = \"{name}\"\nroles = [\"{role}\"]\nsha256 = \"{}\"\n",
-                agentmesh_server::auth::token_hash(token)
-            )
-        };
-        std::fs::write(
-            pki.dir().join("tokens.toml"),
-            entry("bench", "operator", &operator) + &entry("executor", "service", &service),
+        agentmesh_testkit::write_tokens_file(
+            &pki.dir().join("tokens.toml"),
+            &[("bench", "operator", &operator), ("executor", "service", &service)],
         )?;
         std::fs::write(pki.dir().join("service.token"), &service)?;
         let _ = SECURE.set((operator, pki.ca_pem.clone()));

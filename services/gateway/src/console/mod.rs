@@ -278,8 +278,12 @@ async fn get_execution(State(c): State<Arc<Console>>, headers: HeaderMap, Path(i
             Ok(stream) => stream.into_inner(),
             Err(status) => return failed(&status),
         };
-        while let Some(Ok(item)) = stream.next().await {
-            let Some(event) = item.event else { continue };
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(item) => item.event,
+                Err(status) => return failed(&status),
+            };
+            let Some(event) = event else { continue };
             let sequence = event.sequence;
             events.push(json::execution_event(&event));
             if sequence >= execution.last_sequence {
