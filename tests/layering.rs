@@ -9,12 +9,13 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Which workspace crates each library below the services may depend on.
-const BELOW_SERVICES: [(&str, &[&str]); 9] = [
+const BELOW_SERVICES: [(&str, &[&str]); 10] = [
     ("agentmesh-core", &[]),
     ("agentmesh-proto", &["agentmesh-core"]),
     ("agentmesh-telemetry", &[]),
     ("agentmesh-store", &["agentmesh-core"]),
     ("agentmesh-llm", &["agentmesh-core", "agentmesh-telemetry"]),
+    ("agentmesh-mcp", &["agentmesh-core", "agentmesh-telemetry"]),
     (
         "agentmesh-catalog",
         &[

@@ -47,6 +47,10 @@ enum AgentsCommand {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
     },
+    /// Add an MCP server's tools to the mesh: a stdio server run here
+    /// (`agentmesh agents mcp --id time -- python -m mcp_server_time`), or
+    /// one reached over streamable HTTP (`--url`).
+    Mcp(crate::mcp::McpArgs),
     /// Remove an agent.
     Deregister {
         /// Agent id.
@@ -160,6 +164,7 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
                 .into_inner();
             println!("{} {}", if response.created { "registered" } else { "updated" }, definition.id);
         }
+        AgentsCommand::Mcp(mcp) => return crate::mcp::run(client, mcp).await,
         AgentsCommand::Deregister { id } => {
             client
                 .deregister_agent(pb::DeregisterAgentRequest { agent_id: id.clone() })

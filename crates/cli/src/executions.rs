@@ -149,6 +149,18 @@ fn describe(event: &pb::ExecutionEvent) -> String {
                 event.added_steps.iter().map(|s| format!("{} ({}:{})", s.step_id, s.agent, s.capability)).collect();
             format!("execution extended ({}): {}", event.error, added.join(", "))
         }
+        pb::ExecutionEventKind::StepProgress => {
+            let Some(p) = &event.progress else { return format!("{step} progress") };
+            let done = match p.total {
+                Some(total) if total > 0.0 => format!("{}/{total}", p.progress),
+                _ => p.progress.to_string(),
+            };
+            if p.message.is_empty() {
+                format!("{step} progress {done}")
+            } else {
+                format!("{step} progress {done}: {}", p.message)
+            }
+        }
         pb::ExecutionEventKind::Unspecified => format!("{} {step}", kind_name(event.kind)),
     }
 }

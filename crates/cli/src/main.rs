@@ -11,6 +11,8 @@ mod config;
 mod connect;
 mod demo;
 mod executions;
+mod mcp;
+mod mcp_stdio;
 mod plan;
 mod token;
 mod up;
@@ -53,6 +55,9 @@ enum Command {
     /// Ask the gateway: plan, run, answer and review a request, printing
     /// each event as it happens and the answer as it streams.
     Ask(ask::AskArgs),
+    /// Serve the mesh to an MCP client that launches a program: MCP on
+    /// stdin and stdout, every request passed to the gateway's /mcp.
+    McpStdio(mcp_stdio::McpStdioArgs),
     /// Ask a running planner for a plan (a dry run: nothing is executed).
     Plan(plan::PlanArgs),
     /// List the LLM calls the planner made for a request.
@@ -258,6 +263,7 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::Run(args) => executions::run(args).await,
         Command::Executions(args) => executions::executions(args).await,
         Command::Agents(args) => agents::run(args).await,
+        Command::McpStdio(args) => mcp_stdio::run(args).await,
         Command::Plan(args) => plan::plan(args).await,
         Command::Interactions(args) => plan::interactions(args).await,
         Command::Token(args) => token::token(&args),

@@ -18,6 +18,9 @@ pub enum Transport {
     Http,
     /// `agentmesh.v1.AgentService/Invoke`.
     Grpc,
+    /// An MCP server: the capabilities are its tools, called with
+    /// `tools/call` on its streamable-HTTP URL (the base URL).
+    Mcp,
 }
 
 impl Transport {
@@ -26,6 +29,17 @@ impl Transport {
         match self {
             Self::Http => "http",
             Self::Grpc => "grpc",
+            Self::Mcp => "mcp",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "http" => Some(Self::Http),
+            "grpc" => Some(Self::Grpc),
+            "mcp" => Some(Self::Mcp),
+            _ => None,
         }
     }
 }
@@ -141,6 +155,34 @@ impl From<Value> for RawJson {
     }
 }
 
+/// What calling a capability does to the world, as declared by whoever
+/// registered it (MCP tool annotations arrive here). Hints, not guarantees:
+/// an undeclared hint says nothing either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hints {
+    /// It changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// It may delete or overwrite (meaningful when not read-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive: Option<bool>,
+    /// Calling it again with the same input has no further effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
+    /// It reaches outside systems (the web, other services).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world: Option<bool>,
+}
+
+impl Hints {
+    /// Whether a second call after an ambiguous failure (timeout, lost
+    /// connection) is safe: read-only or idempotent, or not declared either way.
+    pub fn retry_safe(hints: Option<&Hints>) -> bool {
+        hints.is_none_or(|h| h.read_only == Some(true) || h.idempotent != Some(false))
+    }
+}
+
 /// One reasoner or skill of an agent. Its kind is given by the list it sits in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -168,6 +210,11 @@ pub struct Capability {
     /// Callable, but never shown to a planning LLM or listed by default.
     #[serde(default)]
     pub internal: bool,
+    /// What calling it does to the world, when declared (MCP tool annotations
+    /// arrive here): the executor does not retry a non-idempotent step after a
+    /// timeout or a lost connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hints: Option<Hints>,
 }
 
 impl Capability {
@@ -250,5 +297,45 @@ impl AgentRecord {
     /// The agent id.
     pub fn id(&self) -> &str {
         &self.definition.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_declared_non_idempotent_write_is_unsafe_to_call_twice() {
+        let hints = |read_only, idempotent| Hints { read_only, idempotent, ..Hints::default() };
+        assert!(Hints::retry_safe(None), "nothing declared");
+        assert!(Hints::retry_safe(Some(&Hints::default())));
+        assert!(Hints::retry_safe(Some(&hints(None, Some(true)))));
+        assert!(Hints::retry_safe(Some(&hints(Some(true), Some(false)))), "read-only wins");
+        assert!(!Hints::retry_safe(Some(&hints(None, Some(false)))));
+        assert!(!Hints::retry_safe(Some(&hints(Some(false), Some(false)))));
+    }
+
+    #[test]
+    fn hints_are_written_only_when_declared() {
+        let parse = |value: Value| serde_json::from_value::<Capability>(value);
+        let with = parse(serde_json::json!({"id": "charge", "hints": {"idempotent": false, "open_world": true}}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(with.hints, Some(Hints { idempotent: Some(false), open_world: Some(true), ..Hints::default() }));
+        let written = serde_json::to_value(&with).unwrap_or_default();
+        assert_eq!(written["hints"], serde_json::json!({"idempotent": false, "open_world": true}));
+        let without = parse(serde_json::json!({"id": "look"})).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(without.hints, None);
+        assert!(serde_json::to_value(&without).unwrap_or_default().get("hints").is_none());
+        assert!(parse(serde_json::json!({"id": "x", "hints": {"readOnlyHint": true}})).is_err(), "unknown hint");
+    }
+
+    #[test]
+    fn transports_have_one_wire_name_each() {
+        for transport in [Transport::Http, Transport::Grpc, Transport::Mcp] {
+            assert_eq!(Transport::parse(transport.as_str()), Some(transport));
+            let json = serde_json::to_value(transport).unwrap_or_default();
+            assert_eq!(json, Value::String(transport.as_str().to_owned()));
+        }
+        assert_eq!(Transport::parse("smtp"), None);
     }
 }

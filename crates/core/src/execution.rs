@@ -92,9 +92,11 @@ pub enum EventKind {
     ExecutionCancelled,
     /// A finished execution was given more steps and runs again.
     ExecutionExtended,
+    /// A running step's agent reported how far it has got.
+    StepProgress,
 }
 
-const KINDS: [(EventKind, &str); 13] = [
+const KINDS: [(EventKind, &str); 14] = [
     (EventKind::ExecutionStarted, "execution_started"),
     (EventKind::StepStarted, "step_started"),
     (EventKind::StepRetrying, "step_retrying"),
@@ -108,6 +110,7 @@ const KINDS: [(EventKind, &str); 13] = [
     (EventKind::ExecutionFailed, "execution_failed"),
     (EventKind::ExecutionCancelled, "execution_cancelled"),
     (EventKind::ExecutionExtended, "execution_extended"),
+    (EventKind::StepProgress, "step_progress"),
 ];
 
 impl EventKind {
@@ -249,6 +252,23 @@ pub struct EventPayload {
     /// Time since the step started.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub duration_ms: u64,
+    /// How far a running step has got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<StepProgress>,
+}
+
+/// How far a running step has got, as its agent reported it (an MCP
+/// tool's progress notifications).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepProgress {
+    /// Done so far; grows with each report.
+    pub progress: f64,
+    /// The total, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// What it is doing.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -472,6 +492,8 @@ impl ExecutionState {
                 self.error.clear();
                 self.finished_at = None;
             }
+            // Progress changes no state: it is for watchers.
+            EventKind::StepProgress => {}
             EventKind::ExecutionCompleted | EventKind::ExecutionFailed | EventKind::ExecutionCancelled => {
                 self.status = event.kind.final_status().unwrap_or(self.status);
                 self.error.clone_from(&event.payload.error);

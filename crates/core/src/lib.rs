@@ -18,7 +18,7 @@ pub mod schema;
 pub mod target;
 pub mod validate;
 
-pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, RawJson, Transport};
+pub use agent::{AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, Hints, RawJson, Transport};
 pub use health::{HealthPolicy, HealthStatus, ReportedStatus};
 pub use index::CatalogIndex;
 pub use llm::ReasoningEffort;

@@ -18,6 +18,8 @@ pub const MAX_TAGS: usize = 64;
 pub const MAX_TAG_LEN: usize = 64;
 /// Longest description.
 pub const MAX_DESCRIPTION_LEN: usize = 8_192;
+/// Longest MCP tool name an `mcp` agent's endpoint may hold.
+pub const MAX_TOOL_NAME_LEN: usize = 256;
 /// Longest version string.
 pub const MAX_VERSION_LEN: usize = 64;
 
@@ -153,7 +155,7 @@ pub fn validate_definition(def: &AgentDefinition) -> Result<(), Vec<FieldError>>
                     format!("capability id `{}` is used twice; ids must be unique across reasoners and skills", cap.id),
                 ));
             }
-            check_capability(&field, cap, &mut errors);
+            check_capability(&field, cap, def.transport, &mut errors);
         }
     }
     if errors.is_empty() { Ok(()) } else { Err(errors) }
@@ -183,7 +185,7 @@ fn check_tags(field: &str, tags: &[String], errors: &mut Vec<FieldError>) {
     }
 }
 
-fn check_capability(field: &str, cap: &Capability, errors: &mut Vec<FieldError>) {
+fn check_capability(field: &str, cap: &Capability, transport: crate::Transport, errors: &mut Vec<FieldError>) {
     if let Err(e) = check_id(&cap.id) {
         errors.push(FieldError::new(format!("{field}.id"), e));
     }
@@ -210,7 +212,17 @@ fn check_capability(field: &str, cap: &Capability, errors: &mut Vec<FieldError>)
             errors.push(FieldError::new(format!("{field}.examples[{i}]"), e));
         }
     }
-    if !cap.endpoint.is_empty() && (!cap.endpoint.starts_with('/') || cap.endpoint.contains(char::is_whitespace)) {
+    if transport == crate::Transport::Mcp {
+        // An MCP tool's endpoint is its name, as the server spells it.
+        if cap.endpoint.is_empty() || cap.endpoint.len() > MAX_TOOL_NAME_LEN || cap.endpoint.contains(char::is_control)
+        {
+            errors.push(FieldError::new(
+                format!("{field}.endpoint"),
+                format!("must be the MCP tool's name: 1-{MAX_TOOL_NAME_LEN} bytes without control characters"),
+            ));
+        }
+    } else if !cap.endpoint.is_empty() && (!cap.endpoint.starts_with('/') || cap.endpoint.contains(char::is_whitespace))
+    {
         errors.push(FieldError::new(format!("{field}.endpoint"), "must be an absolute path such as /skills/my_skill"));
     }
 }
@@ -286,6 +298,26 @@ mod tests {
         let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["skills[0].input_schema", "skills[0].examples[0]"]);
         assert!(errors[0].message.contains("at most 24"), "{}", errors[0].message);
+    }
+
+    #[test]
+    fn an_mcp_server_registers_without_capabilities_and_hints_are_accepted() {
+        // An MCP agent's capabilities are its tools, listed by the server.
+        let def = definition(json!({"id": "files", "base_url": "http://127.0.0.1:9002/mcp", "transport": "mcp"}));
+        assert_eq!(def.transport, crate::agent::Transport::Mcp);
+        assert_eq!(validate_definition(&def), Ok(()));
+        let hinted = definition(json!({"id": "shop", "base_url": "http://a:1",
+            "skills": [{"id": "charge", "hints": {"read_only": false, "destructive": false, "idempotent": false}}]}));
+        assert_eq!(validate_definition(&hinted), Ok(()));
+        // A tool's endpoint is its name, spelled as the server does.
+        let tool = |endpoint: &str| {
+            definition(json!({"id": "t", "base_url": "http://a:1/mcp", "transport": "mcp",
+                "skills": [{"id": "send_mail_", "endpoint": endpoint}]}))
+        };
+        assert_eq!(validate_definition(&tool("send mail!")), Ok(()));
+        let fields = |def| validate_definition(&def).err().map(|e| e.into_iter().map(|e| e.field).collect::<Vec<_>>());
+        assert_eq!(fields(tool("")), Some(vec!["skills[0].endpoint".to_owned()]));
+        assert_eq!(fields(tool("bell\u{7}")), Some(vec!["skills[0].endpoint".to_owned()]));
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
 }
 
 /// Execution event kinds in the domain and in protobuf.
-const KINDS: [(EventKind, pb::ExecutionEventKind); 13] = [
+const KINDS: [(EventKind, pb::ExecutionEventKind); 14] = [
     (EventKind::ExecutionStarted, pb::ExecutionEventKind::ExecutionStarted),
     (EventKind::StepStarted, pb::ExecutionEventKind::StepStarted),
     (EventKind::StepRetrying, pb::ExecutionEventKind::StepRetrying),
@@ -75,6 +75,7 @@ const KINDS: [(EventKind, pb::ExecutionEventKind); 13] = [
     (EventKind::ExecutionFailed, pb::ExecutionEventKind::ExecutionFailed),
     (EventKind::ExecutionCancelled, pb::ExecutionEventKind::ExecutionCancelled),
     (EventKind::ExecutionExtended, pb::ExecutionEventKind::ExecutionExtended),
+    (EventKind::StepProgress, pb::ExecutionEventKind::StepProgress),
 ];
 
 fn kind_to_pb(kind: EventKind) -> pb::ExecutionEventKind {
@@ -111,6 +112,11 @@ pub fn event_to_pb(execution_id: &str, event: &Event) -> pb::ExecutionEvent {
         retry_delay_ms: p.retry_delay_ms,
         collaborate: p.collaborate.as_ref().map(collaboration_to_pb),
         duration_ms: p.duration_ms,
+        progress: p.progress.as_ref().map(|p| pb::StepProgress {
+            progress: p.progress,
+            total: p.total,
+            message: p.message.clone(),
+        }),
     }
 }
 
@@ -165,6 +171,11 @@ pub fn event_from_pb(e: &pb::ExecutionEvent) -> Option<Event> {
             collaborate: e.collaborate.as_ref().map(collaboration_from_pb),
             retry_delay_ms: e.retry_delay_ms,
             duration_ms: e.duration_ms,
+            progress: e.progress.as_ref().map(|p| agentmesh_core::execution::StepProgress {
+                progress: p.progress,
+                total: p.total,
+                message: p.message.clone(),
+            }),
         },
     })
 }
@@ -198,9 +209,23 @@ mod tests {
                 collaborate: Some(Collaboration { agent: "f".into(), capability: "fix".into(), query: "q".into() }),
                 retry_delay_ms: 0,
                 duration_ms: 40,
+                progress: None,
             },
         };
-        assert_eq!(event_from_pb(&event_to_pb("exe", &event)), Some(event));
+        assert_eq!(event_from_pb(&event_to_pb("exe", &event)), Some(event.clone()));
+        let progress = Event {
+            kind: EventKind::StepProgress,
+            payload: EventPayload {
+                progress: Some(agentmesh_core::execution::StepProgress {
+                    progress: 2.0,
+                    total: Some(3.0),
+                    message: "indexing".into(),
+                }),
+                ..EventPayload::default()
+            },
+            ..event
+        };
+        assert_eq!(event_from_pb(&event_to_pb("exe", &progress)), Some(progress));
         let unknown = pb::ExecutionEvent { kind: 999, ..Default::default() };
         assert_eq!(event_from_pb(&unknown), None);
     }

@@ -158,7 +158,8 @@ impl AgentStore for SqlStore {
                         .push_bind(cap.output_schema.as_ref().map(to_json))
                         .push_bind(to_json(&cap.examples))
                         .push_bind(cap.endpoint.clone())
-                        .push_bind(cap.internal);
+                        .push_bind(cap.internal)
+                        .push_bind(cap.hints.as_ref().map(to_json));
                 });
                 insert.build().execute(&mut *tx).await?;
             }

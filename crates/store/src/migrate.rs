@@ -28,6 +28,7 @@ macro_rules! migrator {
             4 "0004_orchestration_events",
             5 "0005_sqlx_migrations",
             6 "0006_principals",
+            7 "0007_capability_hints",
         ))
     };
     (@scripts $dir:literal: $($version:literal $name:literal,)+) => {

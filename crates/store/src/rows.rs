@@ -64,7 +64,7 @@ macro_rules! select_agents {
 a.tags, a.reported_status, a.registered_at_ms, a.updated_at_ms, a.last_heartbeat_ms, a.credential, \
 c.id AS cap_id, c.kind AS cap_kind, c.description AS cap_description, c.tags AS cap_tags, \
 c.input_schema AS cap_input_schema, c.output_schema AS cap_output_schema, c.examples AS cap_examples, \
-c.endpoint AS cap_endpoint, c.internal AS cap_internal \
+c.endpoint AS cap_endpoint, c.internal AS cap_internal, c.hints AS cap_hints \
 FROM agentmesh_agents a LEFT JOIN agentmesh_capabilities c ON c.agent_id = a.id"
     };
 }
@@ -72,7 +72,7 @@ pub(crate) use select_agents;
 
 /// Capability columns in insertion order (shared by both backends).
 pub(crate) const CAPABILITY_COLUMNS: &str =
-    "agent_id, id, kind, position, description, tags, input_schema, output_schema, examples, endpoint, internal";
+    "agent_id, id, kind, position, description, tags, input_schema, output_schema, examples, endpoint, internal, hints";
 
 /// One column of a row; a value that does not decode makes the row corrupt.
 fn get<T>(value: Result<T, sqlx::Error>, column: &str) -> StoreResult<T> {
@@ -95,11 +95,7 @@ fn raw_list(text: &str) -> StoreResult<Vec<RawJson>> {
 }
 
 fn transport(value: &str) -> StoreResult<Transport> {
-    match value {
-        "http" => Ok(Transport::Http),
-        "grpc" => Ok(Transport::Grpc),
-        other => Err(StoreError::Corrupt(format!("unknown transport `{other}`"))),
-    }
+    Transport::parse(value).ok_or_else(|| StoreError::Corrupt(format!("unknown transport `{value}`")))
 }
 
 fn deployment(value: &str) -> StoreResult<DeploymentType> {
@@ -272,6 +268,7 @@ where
         },
         endpoint: get(row.maybe_text("cap_endpoint"), "cap_endpoint")?.unwrap_or_default(),
         internal: get(row.maybe_bool("cap_internal"), "cap_internal")?.unwrap_or(false),
+        hints: get(row.maybe_text("cap_hints"), "cap_hints")?.map(|text| json(&text, "hints")).transpose()?,
     };
     Ok((kind, capability))
 }

@@ -362,4 +362,72 @@ async fn corrupt_rows_are_skipped(backend: Backend) {
     assert!(listed.agents.iter().any(|a| a.id() == "c-agent"));
 }
 
-agentmesh_testkit::both_backends!(corrupt_rows_are_skipped, databases_of_earlier_releases_are_migrated);
+/// The `hints` column of `agent_id`'s capabilities, in order, as stored.
+async fn stored_hints(db: &TestDatabase, backend: Backend, agent_id: &str) -> Vec<Option<String>> {
+    use sqlx::Connection;
+    const SQL: &str = "SELECT hints FROM agentmesh_capabilities WHERE agent_id = $1 ORDER BY position";
+    let read = match backend {
+        Backend::Sqlite => match sqlx::SqliteConnection::connect(&db.url).await {
+            Ok(mut conn) => sqlx::query_scalar(SQL).bind(agent_id).fetch_all(&mut conn).await,
+            Err(e) => Err(e),
+        },
+        Backend::Postgres => match sqlx::PgConnection::connect(&db.url).await {
+            Ok(mut conn) => sqlx::query_scalar(SQL).bind(agent_id).fetch_all(&mut conn).await,
+            Err(e) => Err(e),
+        },
+    };
+    read.unwrap_or_else(|e| panic!("{SQL}: {e}"))
+}
+
+/// An MCP agent and the hints of its capabilities come back as registered;
+/// a capability without hints stores NULL and reads back without them.
+async fn hints_and_the_mcp_transport_round_trip(backend: Backend) {
+    let Some(db) = TestDatabase::new(backend).await else { return };
+    let store = connect(&db.url).await.unwrap_or_else(|e| panic!("{e}"));
+    let shop: AgentDefinition = serde_json::from_value(json!({
+        "id": "shop", "base_url": "http://127.0.0.1:9002/mcp", "transport": "mcp",
+        "skills": [
+            {"id": "charge", "hints": {"idempotent": false, "destructive": true}},
+            {"id": "search", "hints": {"read_only": true, "open_world": true}},
+            {"id": "plain"},
+        ],
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    store.register(&shop, at(0)).await.unwrap_or_else(|e| panic!("{e}"));
+    let read = store.get("shop").await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("registered"));
+    assert_eq!(read.definition, shop, "read by id");
+    assert_eq!(read.definition.transport, agentmesh_core::Transport::Mcp);
+    let listed = store.list().await.unwrap_or_else(|e| panic!("{e}")).agents;
+    assert_eq!(listed.iter().map(|a| &a.definition).collect::<Vec<_>>(), [&shop], "read in bulk");
+    let charge = read.definition.skills[0].hints.unwrap_or_default();
+    assert_eq!((charge.idempotent, charge.destructive, charge.read_only), (Some(false), Some(true), None));
+    assert_eq!(
+        stored_hints(&db, backend, "shop").await,
+        [
+            Some(r#"{"destructive":true,"idempotent":false}"#.to_owned()),
+            Some(r#"{"read_only":true,"open_world":true}"#.to_owned()),
+            None
+        ]
+    );
+
+    // Registering again without hints clears them.
+    let mut plain = shop.clone();
+    for skill in &mut plain.skills {
+        skill.hints = None;
+    }
+    store.register(&plain, at(1)).await.unwrap_or_else(|e| panic!("{e}"));
+    let read = store.get("shop").await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("registered"));
+    assert_eq!(read.definition, plain);
+    assert_eq!(stored_hints(&db, backend, "shop").await, [None, None, None]);
+
+    // Hints that do not decode make the agent unreadable, and say where.
+    execute(&db, backend, "UPDATE agentmesh_capabilities SET hints = '{\"sometimes\": true}' WHERE id = 'plain'").await;
+    let error = store.get("shop").await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(error.contains("capability `plain`: hints"), "{error}");
+}
+
+agentmesh_testkit::both_backends!(
+    corrupt_rows_are_skipped,
+    databases_of_earlier_releases_are_migrated,
+    hints_and_the_mcp_transport_round_trip
+);

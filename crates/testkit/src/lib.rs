@@ -9,6 +9,7 @@
 //! that it was skipped, loudly, and returns.
 
 mod agent;
+pub mod interop;
 pub mod llama;
 mod llm;
 mod otlp;

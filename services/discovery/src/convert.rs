@@ -1,8 +1,8 @@
 //! Conversions between protobuf messages and the domain model, in one place.
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, InvocationTarget, RawJson,
-    Transport,
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, Hints, InvocationTarget,
+    RawJson, Transport,
 };
 use agentmesh_proto::v1 as pb;
 use chrono::{DateTime, Utc};
@@ -48,6 +48,44 @@ fn raw_to_struct(raw: Option<&RawJson>) -> Option<prost_types::Struct> {
     raw.and_then(|r| json_to_struct(&r.to_value()))
 }
 
+/// A transport to protobuf.
+pub fn transport_to_pb(transport: Transport) -> pb::Transport {
+    match transport {
+        Transport::Http => pb::Transport::Http,
+        Transport::Grpc => pb::Transport::Grpc,
+        Transport::Mcp => pb::Transport::Mcp,
+    }
+}
+
+/// A protobuf transport; unspecified (or unknown) is HTTP.
+pub fn transport_from_pb(value: i32) -> Transport {
+    match pb::Transport::try_from(value) {
+        Ok(pb::Transport::Grpc) => Transport::Grpc,
+        Ok(pb::Transport::Mcp) => Transport::Mcp,
+        Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
+    }
+}
+
+/// Capability hints to protobuf.
+pub fn hints_to_pb(hints: &Hints) -> pb::CapabilityHints {
+    pb::CapabilityHints {
+        read_only: hints.read_only,
+        destructive: hints.destructive,
+        idempotent: hints.idempotent,
+        open_world: hints.open_world,
+    }
+}
+
+/// Capability hints from protobuf.
+pub fn hints_from_pb(hints: &pb::CapabilityHints) -> Hints {
+    Hints {
+        read_only: hints.read_only,
+        destructive: hints.destructive,
+        idempotent: hints.idempotent,
+        open_world: hints.open_world,
+    }
+}
+
 /// A capability to protobuf.
 pub fn capability_to_pb(agent: &str, kind: CapabilityKind, c: &Capability, detail: Detail) -> pb::Capability {
     pb::Capability {
@@ -68,6 +106,7 @@ pub fn capability_to_pb(agent: &str, kind: CapabilityKind, c: &Capability, detai
         endpoint: c.endpoint_or_default(kind),
         internal: c.internal,
         invocation_target: InvocationTarget::new(agent, kind, c.id.as_str()).to_string(),
+        hints: c.hints.as_ref().map(hints_to_pb),
     }
 }
 
@@ -84,10 +123,7 @@ pub fn agent_to_pb<'a>(
     pb::Agent {
         id: def.id.clone(),
         base_url: def.base_url.clone(),
-        transport: match def.transport {
-            Transport::Http => pb::Transport::Http,
-            Transport::Grpc => pb::Transport::Grpc,
-        } as i32,
+        transport: transport_to_pb(def.transport) as i32,
         version: def.version.clone(),
         deployment_type: match def.deployment_type {
             DeploymentType::LongRunning => pb::DeploymentType::LongRunning,
@@ -148,6 +184,9 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
                 if !c.examples.is_empty() {
                     v["examples"] = Value::Array(c.examples.iter().map(struct_to_json).collect());
                 }
+                if let Some(hints) = &c.hints {
+                    v["hints"] = serde_json::to_value(hints_from_pb(hints)).unwrap_or(Value::Null);
+                }
                 v
             })
             .collect()
@@ -160,7 +199,7 @@ pub fn agent_pb_to_json(agent: &pb::Agent) -> Value {
     let mut json = serde_json::json!({
         "id": agent.id,
         "base_url": agentmesh_server::redact(&agent.base_url),
-        "transport": if agent.transport == pb::Transport::Grpc as i32 { "grpc" } else { "http" },
+        "transport": transport_from_pb(agent.transport).as_str(),
         "version": agent.version,
         "deployment_type": if agent.deployment_type == pb::DeploymentType::Serverless as i32 { "serverless" } else { "long_running" },
         "tags": agent.tags,
@@ -197,6 +236,7 @@ fn capability_from_pb(c: &pb::Capability) -> Capability {
         examples: c.examples.iter().map(|s| RawJson::from_value(&struct_to_json(s))).collect(),
         endpoint: c.endpoint.clone(),
         internal: c.internal,
+        hints: c.hints.as_ref().map(hints_from_pb),
     }
 }
 
@@ -206,10 +246,7 @@ pub fn definition_from_pb(agent: &pb::Agent) -> AgentDefinition {
     AgentDefinition {
         id: agent.id.clone(),
         base_url: agent.base_url.clone(),
-        transport: match pb::Transport::try_from(agent.transport) {
-            Ok(pb::Transport::Grpc) => Transport::Grpc,
-            _ => Transport::Http,
-        },
+        transport: transport_from_pb(agent.transport),
         version: agent.version.clone(),
         deployment_type: match pb::DeploymentType::try_from(agent.deployment_type) {
             Ok(pb::DeploymentType::Serverless) => DeploymentType::Serverless,
@@ -232,5 +269,31 @@ mod tests {
         let v = json!({"a": 1, "b": [true, null, "x", 2.5], "c": {"d": -3}});
         let s = json_to_struct(&v).unwrap_or_default();
         assert_eq!(struct_to_json(&s), v);
+    }
+
+    #[test]
+    fn transports_and_hints_round_trip_through_protobuf() {
+        let def: AgentDefinition = serde_json::from_value(json!({
+            "id": "shop", "base_url": "http://shop:1/mcp", "transport": "mcp",
+            "skills": [{"id": "charge", "hints": {"idempotent": false, "open_world": true}}, {"id": "look"}]
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let agent = definition_to_pb(&def);
+        assert_eq!(agent.transport, pb::Transport::Mcp as i32);
+        let hints = agent.skills[0].hints.unwrap_or_default();
+        assert_eq!((hints.idempotent, hints.open_world, hints.read_only), (Some(false), Some(true), None));
+        assert_eq!(agent.skills[1].hints, None);
+        let back = definition_from_pb(&agent);
+        assert_eq!(back.transport, Transport::Mcp);
+        let hints: Vec<Option<Hints>> = back.skills.iter().map(|c| c.hints).collect();
+        assert_eq!(hints, def.skills.iter().map(|c| c.hints).collect::<Vec<_>>());
+        let json = agent_pb_to_json(&agent);
+        assert_eq!(json["transport"], "mcp");
+        assert_eq!(json["skills"][0]["hints"], json!({"idempotent": false, "open_world": true}));
+        assert!(json["skills"][1].get("hints").is_none());
+        for transport in [Transport::Http, Transport::Grpc, Transport::Mcp] {
+            assert_eq!(transport_from_pb(transport_to_pb(transport) as i32), transport);
+        }
+        assert_eq!(transport_from_pb(pb::Transport::Unspecified as i32), Transport::Http);
     }
 }

@@ -54,6 +54,14 @@ pub enum DiscoveryError {
         /// Why not.
         why: String,
     },
+    /// An MCP agent's server did not list its tools.
+    #[error("cannot list the tools of MCP agent `{agent}`: {reason}")]
+    McpServer {
+        /// The agent.
+        agent: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
     Unavailable(String),
@@ -109,6 +117,7 @@ impl DiscoveryError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::TooManyWatchStreams(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+            Self::McpServer { .. } => StatusCode::BAD_GATEWAY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -130,6 +139,7 @@ impl DiscoveryError {
             Self::NotFound(id) => ("not_found", Some(json!({"agent_id": id}))),
             Self::TooManyWatchStreams(limit) => ("too_many_watch_streams", Some(json!({"max_watch_streams": limit}))),
             Self::PermissionDenied { agent, .. } => ("permission_denied", Some(json!({"agent_id": agent}))),
+            Self::McpServer { agent, .. } => ("mcp_server_unreachable", Some(json!({"agent_id": agent}))),
             Self::Unavailable(_) => ("unavailable", None),
             Self::Internal(_) => ("internal_error", None),
         };
@@ -166,7 +176,7 @@ impl From<DiscoveryError> for tonic::Status {
             DiscoveryError::NotFound(_) => tonic::Status::not_found(message),
             DiscoveryError::TooManyWatchStreams(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::PermissionDenied { .. } => tonic::Status::permission_denied(message),
-            DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
+            DiscoveryError::McpServer { .. } | DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
             DiscoveryError::Internal(_) => tonic::Status::internal(message),
         }
     }

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod encoded;
 pub mod error;
 pub mod grpc;
+pub mod mcp;
 pub mod metrics;
 pub mod params;
 pub mod registry;

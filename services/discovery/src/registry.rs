@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, CapabilityQuery, CatalogPage, HealthPolicy, HealthStatus, ReportedStatus,
-    validate_definition,
+    AgentDefinition, AgentRecord, CapabilityQuery, CatalogPage, FieldError, HealthPolicy, HealthStatus, ReportedStatus,
+    Transport, validate_definition,
 };
 use agentmesh_server::Principal;
 use agentmesh_store::{AgentStore, CatalogChange};
 use chrono::{DateTime, Utc};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tracing::Instrument;
 
 use crate::cache::{CatalogCache, Encoded, Observed, Snapshot, Source};
@@ -58,6 +58,10 @@ pub struct Registry {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<CatalogEvent>,
     store_healthy: watch::Sender<bool>,
+    mcp: crate::mcp::Importer,
+    /// Agents whose MCP server said its tools changed (taken by the
+    /// background task).
+    mcp_changes: std::sync::Mutex<Option<mpsc::Receiver<String>>>,
 }
 
 impl Registry {
@@ -65,7 +69,10 @@ impl Registry {
     pub fn new(store: Arc<dyn AgentStore>, policy: HealthPolicy, cache_ttl: Duration, metrics: Arc<Metrics>) -> Self {
         let (events, _) = broadcast::channel(4096);
         let (store_healthy, _) = watch::channel(true);
+        let (mcp, mcp_changes) = crate::mcp::Importer::new();
         Self {
+            mcp,
+            mcp_changes: std::sync::Mutex::new(Some(mcp_changes)),
             cache: Arc::new(CatalogCache::new(store.clone(), cache_ttl, metrics.clone())),
             store,
             policy,
@@ -130,13 +137,32 @@ impl Registry {
     pub async fn register(
         &self,
         principal: &Principal,
-        definition: AgentDefinition,
+        mut definition: AgentDefinition,
     ) -> Result<(AgentRecord, bool), DiscoveryError> {
         if let Err(errors) = validate_definition(&definition) {
             self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
             return Err(DiscoveryError::Validation(errors));
         }
-        self.authorize(principal, &definition.id, true).await?;
+        if definition.transport == Transport::Mcp {
+            if !(definition.reasoners.is_empty() && definition.skills.is_empty()) {
+                self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
+                return Err(DiscoveryError::Validation(vec![FieldError {
+                    field: "skills".into(),
+                    message: "an mcp agent's capabilities are its server's tools (tools/list): leave reasoners and skills out".into(),
+                }]));
+            }
+            self.authorize(principal, &definition.id, true).await?;
+            definition.skills = self.mcp.skills(&definition).await.map_err(|reason| {
+                self.metrics.writes.with_label_values(&["register", "error"]).inc();
+                DiscoveryError::McpServer { agent: definition.id.clone(), reason }
+            })?;
+            if let Err(errors) = validate_definition(&definition) {
+                self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
+                return Err(DiscoveryError::Validation(errors));
+            }
+        } else {
+            self.authorize(principal, &definition.id, true).await?;
+        }
         let result = self.store.register(&definition, Utc::now()).await;
         self.count("register", result.is_ok());
         let registered = result?;
@@ -273,7 +299,77 @@ impl Registry {
     /// `store_check_interval`; they stop when `shutdown` resolves.
     pub fn spawn_background(self: &Arc<Self>, shutdown: watch::Receiver<bool>, store_check_interval: Duration) {
         tokio::spawn(self.clone().follow_changes(shutdown.clone()));
+        tokio::spawn(self.clone().refresh_mcp(shutdown.clone()));
         tokio::spawn(self.clone().watch_store(shutdown, store_check_interval));
+    }
+
+    /// Lists the MCP agents' tools at every heartbeat interval, and an
+    /// agent's as soon as its server says they changed.
+    async fn refresh_mcp(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let Some(mut changes) = self.mcp_changes.lock().ok().and_then(|mut c| c.take()) else {
+            return;
+        };
+        let mut tick = tokio::time::interval(self.policy.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let only = tokio::select! {
+                _ = tick.tick() => None,
+                changed = changes.recv() => match changed {
+                    Some(id) => Some(id),
+                    None => return,
+                },
+                _ = shutdown.changed() => return,
+            };
+            let Ok(agents) = self.observed().await else {
+                continue;
+            };
+            let registered: Vec<String> = agents.iter().map(|a| a.record.id().to_owned()).collect();
+            self.mcp.retain(&registered).await;
+            let due = agents
+                .iter()
+                .filter(|a| a.record.definition.transport == Transport::Mcp)
+                .filter(|a| only.as_deref().is_none_or(|id| id == a.record.id()));
+            futures_util::future::join_all(due.map(|a| self.refresh_one(&a.record))).await;
+        }
+    }
+
+    /// Lists one MCP agent's tools: a new list is stored (a registration),
+    /// the same list counts as a heartbeat, no answer as nothing.
+    async fn refresh_one(&self, record: &AgentRecord) {
+        let id = record.id();
+        let skills = match self.mcp.skills(&record.definition).await {
+            Ok(skills) => skills,
+            Err(reason) => {
+                tracing::warn!(agent_id = id, %reason, "an MCP agent's tools could not be listed");
+                return;
+            }
+        };
+        if skills == record.definition.skills {
+            let now = Utc::now();
+            match self.store.heartbeat(id, ReportedStatus::Active, now).await {
+                Ok(Some(_)) => self.cache.heartbeat(id, ReportedStatus::Active, now.timestamp_millis()),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(agent_id = id, error = %e, "an MCP agent's heartbeat was not stored"),
+            }
+            return;
+        }
+        let mut definition = record.definition.clone();
+        definition.skills = skills;
+        if let Err(errors) = validate_definition(&definition) {
+            tracing::warn!(
+                agent_id = id,
+                ?errors,
+                "an MCP agent's new tool list is not a valid registration; kept the old one"
+            );
+            return;
+        }
+        match self.store.register(&definition, Utc::now()).await {
+            Ok(registered) => {
+                self.cache.upsert(registered.record);
+                tracing::info!(agent_id = id, capabilities = definition.skills.len(), "an MCP agent's tools changed");
+            }
+            Err(e) => tracing::warn!(agent_id = id, error = %e, "an MCP agent's new tools were not stored"),
+        }
     }
 
     async fn watch_store(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, interval: Duration) {

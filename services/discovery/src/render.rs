@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use agentmesh_core::{
-    AgentRecord, Capability, CapabilityKind, CapabilityQuery, CatalogPage, HealthStatus, InvocationTarget, RawJson,
+    AgentRecord, Capability, CapabilityKind, CapabilityQuery, CatalogPage, HealthStatus, Hints, InvocationTarget,
+    RawJson,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -104,6 +105,8 @@ struct JsonCapability<'a> {
     output_schema: Option<&'a RawJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     examples: Option<&'a [RawJson]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hints: Option<&'a Hints>,
     invocation_target: String,
 }
 
@@ -124,6 +127,7 @@ fn json_capability<'a>(
         input_schema: if q.include_input_schema { cap.input_schema.as_ref() } else { None },
         output_schema: if q.include_output_schema { cap.output_schema.as_ref() } else { None },
         examples: q.include_examples.then_some(cap.examples.as_slice()),
+        hints: cap.hints.as_ref(),
         invocation_target: target(agent, kind, cap),
     }
 }
@@ -261,6 +265,9 @@ fn xml_capability(x: &mut String, agent: &str, kind: CapabilityKind, cap: &Capab
         let _ = write!(x, "<tag>{}</tag>", xml_escape(tag));
     }
     x.push_str("</tags>\n");
+    if let Some(hints) = &cap.hints {
+        xml_hints(x, hints);
+    }
     if q.include_input_schema
         && let Some(schema) = &cap.input_schema
     {
@@ -279,6 +286,22 @@ fn xml_capability(x: &mut String, agent: &str, kind: CapabilityKind, cap: &Capab
         x.push_str("          </examples>\n");
     }
     let _ = writeln!(x, "        </{}>", kind.as_str());
+}
+
+/// The declared hints as the attributes of one `<hints/>` element.
+fn xml_hints(x: &mut String, hints: &Hints) {
+    x.push_str("          <hints");
+    for (name, value) in [
+        ("read_only", hints.read_only),
+        ("destructive", hints.destructive),
+        ("idempotent", hints.idempotent),
+        ("open_world", hints.open_world),
+    ] {
+        if let Some(value) = value {
+            let _ = write!(x, r#" {name}="{value}""#);
+        }
+    }
+    x.push_str("/>\n");
 }
 
 /// A schema as `<field>` elements: one per top-level property with its

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use agentmesh_core::schema::Schema;
-use agentmesh_core::{CapabilityKind, Transport};
+use agentmesh_core::{CapabilityKind, Hints, Transport};
 use agentmesh_proto::json::from_struct;
 use agentmesh_proto::v1 as pb;
 use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
@@ -31,6 +31,8 @@ pub struct CapabilityEntry {
     pub output_schema: Option<Schema>,
     /// What its parameters must fit, compiled likewise.
     pub input_schema: Option<Schema>,
+    /// What calling it does to the world, if declared.
+    pub hints: Option<Hints>,
 }
 
 /// One agent as discovery describes it.
@@ -40,7 +42,7 @@ pub struct AgentEntry {
     pub id: String,
     /// Base URL.
     pub base_url: String,
-    /// HTTP or gRPC.
+    /// HTTP, gRPC or MCP.
     pub transport: Transport,
     /// The credential it is called with, by name.
     pub credential: Option<String>,
@@ -67,11 +69,21 @@ impl AgentEntry {
                     internal: c.internal,
                     output_schema: c.output_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
                     input_schema: c.input_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
+                    hints: c.hints.as_ref().map(|h| Hints {
+                        read_only: h.read_only,
+                        destructive: h.destructive,
+                        idempotent: h.idempotent,
+                        open_world: h.open_world,
+                    }),
                 };
                 capabilities.insert(c.id.clone(), entry);
             }
         }
-        let transport = if agent.transport == pb::Transport::Grpc as i32 { Transport::Grpc } else { Transport::Http };
+        let transport = match pb::Transport::try_from(agent.transport) {
+            Ok(pb::Transport::Grpc) => Transport::Grpc,
+            Ok(pb::Transport::Mcp) => Transport::Mcp,
+            Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
+        };
         Self {
             id: agent.id.clone(),
             base_url: agent.base_url.clone(),
@@ -230,5 +242,6 @@ pub fn target_of(agent: &AgentEntry, capability: &str, callers: &[String]) -> Re
         kind: entry.kind,
         endpoint: entry.endpoint.clone(),
         output_schema: entry.output_schema.clone(),
+        hints: entry.hints,
     })
 }

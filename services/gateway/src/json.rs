@@ -54,6 +54,19 @@ pub fn execution_event(e: &pb::ExecutionEvent) -> Value {
         ("retry_delay_ms", (e.retry_delay_ms > 0).then(|| json!(e.retry_delay_ms))),
         ("collaborate", e.collaborate.as_ref().map(collaboration)),
         (
+            "progress",
+            e.progress.as_ref().map(|p| {
+                let mut progress = json!({"progress": p.progress});
+                if let Some(total) = p.total {
+                    progress["total"] = json!(total);
+                }
+                if !p.message.is_empty() {
+                    progress["message"] = json!(p.message);
+                }
+                progress
+            }),
+        ),
+        (
             "added_steps",
             (!e.added_steps.is_empty())
                 .then(|| plan(&pb::Plan { reasoning: String::new(), steps: e.added_steps.clone() })["steps"].clone()),

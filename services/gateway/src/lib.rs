@@ -8,6 +8,7 @@
 pub mod console;
 pub mod events;
 pub mod json;
+pub mod mcp;
 pub mod metrics;
 pub mod orchestrate;
 pub mod rest;
@@ -60,6 +61,8 @@ pub struct GatewayConfig {
     pub discovery_url: String,
     /// Serve the console (the mesh in a browser) at `/`.
     pub console: bool,
+    /// Serve MCP at `/mcp` (streamable HTTP): the tool `ask` orchestrates.
+    pub mcp: bool,
     /// Where the console links a trace id, `{trace_id}` replaced (Jaeger's
     /// UI by default); empty: no link.
     pub console_trace_url: String,
@@ -79,6 +82,7 @@ impl Default for GatewayConfig {
             resume_grace_secs: 30.0,
             discovery_url: "http://127.0.0.1:7400".into(),
             console: true,
+            mcp: true,
             console_trace_url: "http://localhost:16686/trace/{trace_id}".into(),
         }
     }
@@ -164,6 +168,9 @@ pub async fn serve_with_listener(
         .route("/api/v1/orchestrate", axum::routing::post(rest::orchestrate))
         .route("/api/v1/orchestrations/{request_id}/events", axum::routing::get(rest::resume))
         .with_state(shared.clone());
+    if config.mcp {
+        rest = rest.merge(mcp::router(shared.clone()));
+    }
     if config.console {
         rest = rest.merge(console::router(Arc::new(console::Console {
             executor: shared.clients.executor.clone(),

@@ -1,5 +1,6 @@
 //! Executor benchmark: how fast plans run when every event is stored, on
-//! SQLite or PostgreSQL, against a no-op HTTP agent on loopback. Three
+//! SQLite or PostgreSQL, against a no-op agent on loopback, called over
+//! HTTP or as an MCP tool (`tools/call` over streamable HTTP). Three
 //! processes share the machine: this driver (the gRPC client), the no-op
 //! agent, and the mesh (discovery and the executor).
 //!
@@ -43,6 +44,10 @@ struct Args {
     /// Steps of each concurrent execution (a chain).
     #[arg(long, default_value_t = 10)]
     concurrent_steps: usize,
+    /// How steps reach the no-op agent: `http` (POST /skills/noop) and/or
+    /// `mcp` (the tool `noop` of an MCP server, over streamable HTTP).
+    #[arg(long, value_delimiter = ',', default_value = "http,mcp")]
+    transports: Vec<String>,
     /// Runs of each scenario (after one unmeasured warm-up run).
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -73,12 +78,48 @@ enum Command {
 /// The operator token of a `--secure` run's driver, and its CA.
 static SECURE: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
 
-/// The no-op agent: `POST /skills/noop` answers `{"ok":true}`.
+/// The no-op MCP server: one tool, `noop`, answering `{"ok":true}`.
+#[derive(Clone)]
+struct NoopTool;
+
+impl rmcp::ServerHandler for NoopTool {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(rmcp::model::ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+        let schema = json!({"type": "object"}).as_object().cloned().unwrap_or_default();
+        let tool = rmcp::model::Tool::new("noop", "Does nothing", std::sync::Arc::new(schema));
+        Ok(rmcp::model::ListToolsResult::with_all_items(vec![tool]))
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        Ok(rmcp::model::CallToolResult::structured(json!({"ok": true})).into())
+    }
+}
+
+/// The no-op agent: `POST /skills/noop` answers `{"ok":true}`, and so does
+/// the MCP tool `noop` at `/mcp`.
 async fn agent() -> anyhow::Result<()> {
+    use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
     let listener = agentmesh_server::net::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     println!("PORT {}", listener.local_addr()?.port());
-    let app =
-        axum::Router::new().route("/skills/noop", axum::routing::post(|| async { axum::Json(json!({"ok": true})) }));
+    let mcp = StreamableHttpService::new(
+        || Ok(NoopTool),
+        rmcp::transport::streamable_http_server::session::local::LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    );
+    let app = axum::Router::new()
+        .route("/skills/noop", axum::routing::post(|| async { axum::Json(json!({"ok": true})) }))
+        .nest_service("/mcp", mcp);
     axum::serve(listener, app).await?;
     Ok(())
 }
@@ -150,13 +191,13 @@ async fn child(args: &[&str], prefix: &str) -> anyhow::Result<(tokio::process::C
     Ok((child, ports))
 }
 
-fn plan(steps: usize, chained: bool) -> pb::Plan {
+fn plan(agent: &str, steps: usize, chained: bool) -> pb::Plan {
     pb::Plan {
         reasoning: String::new(),
         steps: (1..=steps)
             .map(|i| pb::PlanStep {
                 step_id: format!("s{i}"),
-                agent: "noop-agent".into(),
+                agent: agent.into(),
                 capability: "noop".into(),
                 instruction: String::new(),
                 parameters: Some(prost_types::Struct::default()),
@@ -278,64 +319,77 @@ async fn main() -> anyhow::Result<()> {
         let http = http.build()?;
         let registration = json!({"id": "noop-agent", "base_url": agent_url, "skills": [{"id": "noop", "description": "Does nothing"}]});
         http.post(format!("{discovery}/api/v1/agents")).json(&registration).send().await?.error_for_status()?;
+        let registration = json!({"id": "noop-mcp", "base_url": format!("{agent_url}/mcp"), "transport": "mcp"});
+        http.post(format!("{discovery}/api/v1/agents")).json(&registration).send().await?.error_for_status()?;
         let channel = endpoint.connect().await?;
         let client = ExecutorServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        for transport in &args.transports {
+            let agent = match transport.as_str() {
+                "http" => "noop-agent",
+                "mcp" => "noop-mcp",
+                other => anyhow::bail!("--transports: `{other}` is neither http nor mcp"),
+            };
+            let label = format!("{backend}, {transport}");
 
-        let scenarios: [(&str, usize, bool, u32); 2] =
-            [("fan-out", args.fanout, false, args.fanout_concurrency), ("chain", args.chain, true, 1)];
-        for (name, steps, chained, concurrency) in scenarios {
-            let mut walls = Vec::new();
-            for run in 0..=args.runs {
-                let wall = execute(&mut client.clone(), plan(steps, chained), concurrency).await?;
-                if run > 0 {
-                    walls.push(wall);
+            let scenarios: [(&str, usize, bool, u32); 2] =
+                [("fan-out", args.fanout, false, args.fanout_concurrency), ("chain", args.chain, true, 1)];
+            for (name, steps, chained, concurrency) in scenarios {
+                let mut walls = Vec::new();
+                for run in 0..=args.runs {
+                    let wall = execute(&mut client.clone(), plan(agent, steps, chained), concurrency).await?;
+                    if run > 0 {
+                        walls.push(wall);
+                    }
                 }
+                walls.sort();
+                let median = walls[walls.len() / 2];
+                let per_step_us = median.as_secs_f64() * 1e6 / steps as f64;
+                let row = vec![
+                    label.clone(),
+                    format!("{name}, {steps} steps"),
+                    if chained { "1".into() } else { concurrency.to_string() },
+                    format!("{:.1}", median.as_secs_f64() * 1000.0),
+                    format!("{:.0}", steps as f64 / median.as_secs_f64()),
+                    format!("{per_step_us:.0}"),
+                    walls.iter().map(|w| format!("{:.0}", w.as_secs_f64() * 1000.0)).collect::<Vec<_>>().join(" / "),
+                ];
+                eprintln!("{}", row.join(" | "));
+                rows.push(row);
             }
-            walls.sort();
-            let median = walls[walls.len() / 2];
-            let per_step_us = median.as_secs_f64() * 1e6 / steps as f64;
-            let row = vec![
-                backend.to_owned(),
-                format!("{name}, {steps} steps"),
-                if chained { "1".into() } else { concurrency.to_string() },
-                format!("{:.1}", median.as_secs_f64() * 1000.0),
-                format!("{:.0}", steps as f64 / median.as_secs_f64()),
-                format!("{per_step_us:.0}"),
-                walls.iter().map(|w| format!("{:.0}", w.as_secs_f64() * 1000.0)).collect::<Vec<_>>().join(" / "),
-            ];
-            eprintln!("{}", row.join(" | "));
-            rows.push(row);
-        }
 
-        // Many executions at once, each a chain.
-        for run in 0..=args.runs {
-            let started = Instant::now();
-            let mut tasks = Vec::new();
-            for _ in 0..args.concurrent {
-                let mut client = client.clone();
-                let plan = plan(args.concurrent_steps, true);
-                tasks.push(tokio::spawn(async move { execute(&mut client, plan, 1).await }));
+            // Many executions at once, each a chain.
+            for run in 0..=args.runs {
+                let started = Instant::now();
+                let mut tasks = Vec::new();
+                for _ in 0..args.concurrent {
+                    let mut client = client.clone();
+                    let plan = plan(agent, args.concurrent_steps, true);
+                    tasks.push(tokio::spawn(async move { execute(&mut client, plan, 1).await }));
+                }
+                let mut latencies = Latencies::default();
+                for task in tasks {
+                    latencies.record(task.await??);
+                }
+                let wall = started.elapsed();
+                if run == 0 {
+                    continue;
+                }
+                let steps = args.concurrent * args.concurrent_steps;
+                let row = vec![
+                    label.clone(),
+                    format!(
+                        "{} executions × {}-step chain, at once (run {run})",
+                        args.concurrent, args.concurrent_steps
+                    ),
+                    args.concurrent.to_string(),
+                    format!("{:.1}", wall.as_secs_f64() * 1000.0),
+                    format!("{:.0}", steps as f64 / wall.as_secs_f64()),
+                    format!("{:.0}", wall.as_secs_f64() * 1e6 / steps as f64),
+                    format!("p50 {:.0} / p99 {:.0}", latencies.percentile_ms(50.0), latencies.percentile_ms(99.0)),
+                ];
+                eprintln!("{}", row.join(" | "));
+                rows.push(row);
             }
-            let mut latencies = Latencies::default();
-            for task in tasks {
-                latencies.record(task.await??);
-            }
-            let wall = started.elapsed();
-            if run == 0 {
-                continue;
-            }
-            let steps = args.concurrent * args.concurrent_steps;
-            let row = vec![
-                backend.to_owned(),
-                format!("{} executions × {}-step chain, at once (run {run})", args.concurrent, args.concurrent_steps),
-                args.concurrent.to_string(),
-                format!("{:.1}", wall.as_secs_f64() * 1000.0),
-                format!("{:.0}", steps as f64 / wall.as_secs_f64()),
-                format!("{:.0}", wall.as_secs_f64() * 1e6 / steps as f64),
-                format!("p50 {:.0} / p99 {:.0}", latencies.percentile_ms(50.0), latencies.percentile_ms(99.0)),
-            ];
-            eprintln!("{}", row.join(" | "));
-            rows.push(row);
         }
         let metrics = http.get(format!("{scheme}:{}/metrics", ports[1])).send().await?.text().await?;
         let sample = |name: &str| {
@@ -364,7 +418,15 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     print_table(
-        &["events stored in", "scenario", "concurrency", "wall ms (median)", "steps/s", "µs per step", "each run, ms"],
+        &[
+            "events stored in, transport",
+            "scenario",
+            "concurrency",
+            "wall ms (median)",
+            "steps/s",
+            "µs per step",
+            "each run, ms",
+        ],
         &rows,
     );
     Ok(())

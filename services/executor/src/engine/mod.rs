@@ -33,6 +33,7 @@ use crate::error::ExecutorError;
 use crate::metrics::Metrics;
 use crate::transport::grpc::GrpcTransport;
 use crate::transport::http::HttpTransport;
+use crate::transport::mcp::McpTransport;
 use agentmesh_telemetry::http::RetryPolicy;
 use hub::Hub;
 use journal::{Journal, to_row};
@@ -71,6 +72,7 @@ pub struct Engine {
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) http: HttpTransport,
     pub(crate) grpc: GrpcTransport,
+    pub(crate) mcp: McpTransport,
     pub(crate) credentials: AgentCredentials,
     pub(crate) breakers: Breakers,
     pub(crate) planner: Option<PlannerServiceClient<TracedChannel>>,
@@ -130,6 +132,7 @@ impl Engine {
             journal,
             hub,
             catalog: parts.catalog,
+            mcp: McpTransport::new(parts.http.client(), parts.http.egress()),
             http: parts.http,
             grpc: parts.grpc,
             credentials: parts.credentials,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_core::execution::{
-    Collaboration, Event, EventKind, EventPayload, ExecutionState, ExecutionStatus, StepStatus,
+    Collaboration, Event, EventKind, EventPayload, ExecutionState, ExecutionStatus, StepProgress, StepStatus,
 };
 use agentmesh_core::plan::{PlanStep, check_structure};
 use agentmesh_core::reference;
@@ -43,6 +43,15 @@ pub enum Msg {
         error: String,
         /// Wait before the next attempt.
         delay: Duration,
+    },
+    /// A running attempt's agent reported how far it has got.
+    Progress {
+        /// Step position.
+        index: usize,
+        /// The attempt.
+        attempt: u32,
+        /// What it said.
+        progress: StepProgress,
     },
     /// The step's last attempt is over.
     Finished {
@@ -296,6 +305,15 @@ impl Runner {
                     ..Default::default()
                 };
                 self.emit(EventKind::StepRetrying, &step_id, attempt, payload, None).await;
+            }
+            Msg::Progress { index, attempt, progress } => {
+                // A report that lost the race with the step's outcome is dropped.
+                if self.running.contains_key(&index) {
+                    let step = &self.state.steps[index].step;
+                    let (step_id, agent_id) = (step.step_id.clone(), step.agent.clone());
+                    let payload = EventPayload { agent_id, progress: Some(progress), ..Default::default() };
+                    self.emit(EventKind::StepProgress, &step_id, attempt, payload, None).await;
+                }
             }
             Msg::Finished { index, attempt, result, duration } => {
                 self.running.remove(&index);

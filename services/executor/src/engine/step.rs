@@ -1,11 +1,14 @@
 //! One step, attempt after attempt: find its agent in discovery, pass its
 //! circuit, call it within the timeout, check the output, and retry what
-//! may succeed on a second try. The runner hears of each retry and of the
-//! outcome through its channel.
+//! may succeed on a second try, unless the call may have reached a
+//! capability declared not idempotent. The runner hears of each retry and
+//! of the outcome through its channel.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agentmesh_core::Hints;
+use agentmesh_core::execution::StepProgress;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -13,7 +16,34 @@ use tracing::Instrument;
 use super::Engine;
 use super::runner::Msg;
 use crate::catalog::{LookupError, target_of};
-use crate::transport::{AgentTransport, Call, Failure, Reply};
+use crate::transport::{AgentTransport, Call, Failure, ProgressReport, Reply};
+
+/// Progress reports closer than this to the last one passed on are
+/// dropped (one that completes the work never is).
+const MIN_PROGRESS_GAP: Duration = Duration::from_millis(100);
+
+/// Passes one attempt's progress reports to the runner, which records
+/// them as STEP_PROGRESS events.
+struct Reporter<'a> {
+    tx: &'a mpsc::Sender<Msg>,
+    index: usize,
+    attempt: u32,
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl ProgressReport for Reporter<'_> {
+    fn report(&self, progress: StepProgress) {
+        let done = progress.total.is_some_and(|total| progress.progress >= total);
+        let now = Instant::now();
+        let Ok(mut last) = self.last.lock() else { return };
+        if !done && last.is_some_and(|at| now.duration_since(at) < MIN_PROGRESS_GAP) {
+            return;
+        }
+        *last = Some(now);
+        // A runner too busy to take it now will hear of the next one.
+        let _ = self.tx.try_send(Msg::Progress { index: self.index, attempt: self.attempt, progress });
+    }
+}
 
 /// What a step task needs.
 pub struct StepJob {
@@ -64,7 +94,8 @@ pub async fn run(engine: Arc<Engine>, job: StepJob, tx: mpsc::Sender<Msg>) {
             attempt,
             error = tracing::field::Empty,
         );
-        let outcome = attempt_once(&engine, &job, attempt).instrument(span.clone()).await;
+        let progress = Reporter { tx: &tx, index: job.index, attempt, last: std::sync::Mutex::new(None) };
+        let outcome = attempt_once(&engine, &job, attempt, retries_left > 0, &progress).instrument(span.clone()).await;
         if let Err(failure) = &outcome {
             span.record("otel.status_code", "ERROR");
             span.record("error", failure.message.as_str());
@@ -96,7 +127,16 @@ pub async fn run(engine: Arc<Engine>, job: StepJob, tx: mpsc::Sender<Msg>) {
     }
 }
 
-async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Reply, Failure> {
+/// One attempt. When `may_retry`, a failure that may have left the call
+/// carried out comes back retryable only if the capability is safe to call
+/// twice ([`Hints::retry_safe`]).
+async fn attempt_once(
+    engine: &Engine,
+    job: &StepJob,
+    attempt: u32,
+    may_retry: bool,
+    progress: &dyn ProgressReport,
+) -> Result<Reply, Failure> {
     let agent = match engine.catalog.agent(&job.agent).await {
         Ok(agent) => agent,
         Err(LookupError::UnknownAgent(id)) => {
@@ -110,6 +150,7 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
                 retryable: true,
                 retry_after: None,
                 agent_fault: false,
+                ambiguous: false,
             });
         }
     };
@@ -131,10 +172,12 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         attempt,
         timeout: job.timeout,
         credential: credential.as_ref(),
+        progress,
     };
     let transport: &dyn AgentTransport = match target.transport {
         agentmesh_core::Transport::Http => &engine.http,
         agentmesh_core::Transport::Grpc => &engine.grpc,
+        agentmesh_core::Transport::Mcp => &engine.mcp,
     };
     // A step error names the agent's address: never with its password or
     // a secret query parameter, whatever the transport wrote, nor with the
@@ -143,6 +186,13 @@ async fn attempt_once(engine: &Engine, job: &StepJob, attempt: u32) -> Result<Re
         let mut secrets = agentmesh_telemetry::secrets::url_secrets(&target.base_url);
         secrets.extend(credential.iter().map(|c| c.secret.clone()));
         failure.message = agentmesh_telemetry::secrets::scrub(&failure.message, &secrets);
+        if may_retry && failure.retryable && failure.ambiguous && !Hints::retry_safe(target.hints.as_ref()) {
+            failure.retryable = false;
+            failure.message = format!(
+                "{} (not retried: `{}:{}` is not idempotent, and the call may have reached it)",
+                failure.message, target.agent_id, target.capability
+            );
+        }
         failure
     });
     let fault = result.as_ref().err().is_some_and(|f| f.agent_fault);

@@ -2,7 +2,10 @@
 //! agent's base URL, with the request id and idempotency key in metadata
 //! and the trace context injected by the traced channel. Retryable:
 //! `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, and an
-//! answer whose `error` comes with `retryable: true`.
+//! answer whose `error` comes with `retryable: true`. Ambiguous (the agent
+//! may have acted on the call): no answer in time, and `DEADLINE_EXCEEDED`;
+//! `UNAVAILABLE` is what a refused connection, or a server not taking
+//! calls, answers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -93,6 +96,11 @@ fn retryable(code: Code) -> bool {
     matches!(code, Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded)
 }
 
+/// A status after which the call may have been carried out.
+fn ambiguous(code: Code) -> bool {
+    code == Code::DeadlineExceeded
+}
+
 #[async_trait]
 impl AgentTransport for GrpcTransport {
     async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure> {
@@ -140,7 +148,7 @@ impl AgentTransport for GrpcTransport {
         }
         let answer = match tokio::time::timeout(call.timeout, client.invoke(request)).await {
             Err(_) => {
-                return Err(Failure::unreachable(format!(
+                return Err(Failure::unanswered(format!(
                     "no answer from {} within {} ms",
                     call.target.base_url,
                     call.timeout.as_millis()
@@ -153,6 +161,7 @@ impl AgentTransport for GrpcTransport {
                     retryable: retry,
                     retry_after: None,
                     agent_fault: retry || matches!(status.code(), Code::Internal | Code::Unknown | Code::DataLoss),
+                    ambiguous: retry && ambiguous(status.code()),
                 });
             }
             Ok(Ok(answer)) => answer.into_inner(),
@@ -163,6 +172,7 @@ impl AgentTransport for GrpcTransport {
                 retryable: answer.retryable,
                 retry_after: None,
                 agent_fault: false,
+                ambiguous: false,
             });
         }
         let output = answer.output.as_ref().map(from_value).unwrap_or(serde_json::Value::Null);

@@ -3,6 +3,8 @@
 //! every attempt), the request id, the step's instruction and the trace
 //! context. Retryable: connection failures, timeouts, 429, 502, 503, 504,
 //! and any 5xx whose body says `"retryable": true`; never another 4xx.
+//! Ambiguous (the agent may have acted on the call): a timeout or an error
+//! once the connection was made, and a 502 or 504 from a proxy in between.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +62,16 @@ impl HttpTransport {
             .tcp_nodelay(true)
             .build()?;
         Ok(Self { client, egress, max_output_bytes })
+    }
+
+    /// The client (shared with the MCP transport: the same egress checks).
+    pub fn client(&self) -> reqwest::Client {
+        self.client.clone()
+    }
+
+    /// The egress policy.
+    pub fn egress(&self) -> Arc<Egress> {
+        self.egress.clone()
     }
 }
 
@@ -119,6 +131,9 @@ fn classify(status: StatusCode, body: &Value, retry_after: Option<Duration>) -> 
         retryable,
         retry_after: if retryable { retry_after } else { None },
         agent_fault: status.is_server_error(),
+        // A gateway in front of the agent may have passed the call on
+        // before it gave up or lost the agent's answer.
+        ambiguous: matches!(status.as_u16(), 502 | 504),
     }
 }
 
@@ -137,8 +152,8 @@ impl AgentTransport for HttpTransport {
             .await;
         let mut response = match sent {
             Ok(response) => response,
-            Err(e) if e.is_timeout() => {
-                return Err(Failure::unreachable(format!(
+            Err(e) if e.is_timeout() && !e.is_connect() => {
+                return Err(Failure::unanswered(format!(
                     "no answer from {url} within {} ms",
                     call.timeout.as_millis()
                 )));
@@ -148,7 +163,14 @@ impl AgentTransport for HttpTransport {
                 if denied {
                     return Err(Failure::fatal(format!("refused to call {url}: {}", error_chain(&e))));
                 }
-                return Err(Failure::unreachable(format!("could not reach {url}: {}", error_chain(&e))));
+                let message = format!("could not reach {url}: {}", error_chain(&e));
+                // No connection (refused, unresolvable, timed out connecting):
+                // the request never left. Any other error came after it did.
+                return Err(if e.is_connect() || e.is_builder() {
+                    Failure::unreachable(message)
+                } else {
+                    Failure::unanswered(message)
+                });
             }
         };
         let status = response.status();
@@ -175,10 +197,10 @@ impl AgentTransport for HttpTransport {
                 }
                 Ok(None) => break,
                 Err(e) if e.is_timeout() => {
-                    return Err(Failure::unreachable(format!("the answer from {url} timed out while being read")));
+                    return Err(Failure::unanswered(format!("the answer from {url} timed out while being read")));
                 }
                 Err(e) => {
-                    return Err(Failure::unreachable(format!("reading the answer from {url}: {}", error_chain(&e))));
+                    return Err(Failure::unanswered(format!("reading the answer from {url}: {}", error_chain(&e))));
                 }
             }
         }
@@ -237,6 +259,10 @@ mod tests {
         assert_eq!(said.message, "the agent answered HTTP 500: db down");
         let four = classify(StatusCode::BAD_REQUEST, &json!({"error": "bad", "retryable": true}), None);
         assert!(!four.retryable && !four.agent_fault, "never after another 4xx");
+        for (status, ambiguous) in [(429, false), (502, true), (503, false), (504, true), (500, false)] {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::IM_A_TEAPOT);
+            assert_eq!(classify(status, &json!({}), None).ambiguous, ambiguous, "{status}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod grpc;
 pub mod http;
+pub mod mcp;
 
 use std::time::Duration;
 
@@ -31,10 +32,19 @@ pub struct Target {
     pub endpoint: String,
     /// What its output must fit, if declared (compiled).
     pub output_schema: Option<agentmesh_core::schema::Schema>,
+    /// What calling it does to the world, if declared: whether a call that
+    /// may have reached it can be made again.
+    pub hints: Option<agentmesh_core::Hints>,
+}
+
+/// Where a running attempt's progress reports go (the step's watchers).
+pub trait ProgressReport: Send + Sync {
+    /// One report; reports may be dropped when they come too fast.
+    fn report(&self, progress: agentmesh_core::execution::StepProgress);
 }
 
 /// One attempt of one step.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Call<'a> {
     /// Where.
     pub target: &'a Target,
@@ -58,6 +68,8 @@ pub struct Call<'a> {
     pub timeout: Duration,
     /// What authenticates the executor to the agent, if it needs it.
     pub credential: Option<&'a crate::credentials::Credential>,
+    /// Where the agent's progress reports go.
+    pub progress: &'a dyn ProgressReport,
 }
 
 impl Call<'_> {
@@ -88,17 +100,29 @@ pub struct Failure {
     pub retry_after: Option<Duration>,
     /// Whether the failure says the agent is unwell (counts for its circuit).
     pub agent_fault: bool,
+    /// Whether the call may have reached the agent and done its work
+    /// although no answer says so (a timeout, a connection lost after the
+    /// request was sent): a second call may do it twice. False when the
+    /// call is known not to have been taken (no connection, an answer
+    /// asking to come back later) or when the agent itself answered.
+    pub ambiguous: bool,
 }
 
 impl Failure {
     /// A failure retrying cannot fix, not the agent's fault.
     pub fn fatal(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retryable: false, retry_after: None, agent_fault: false }
+        Self { message: message.into(), retryable: false, retry_after: None, agent_fault: false, ambiguous: false }
     }
 
-    /// The agent could not be reached or did not answer in time.
+    /// The agent could not be reached: the call never got to it.
     pub fn unreachable(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retryable: true, retry_after: None, agent_fault: true }
+        Self { message: message.into(), retryable: true, retry_after: None, agent_fault: true, ambiguous: false }
+    }
+
+    /// The call went out but no answer came back (a timeout, a connection
+    /// lost mid-call): the agent may have acted on it.
+    pub fn unanswered(message: impl Into<String>) -> Self {
+        Self { ambiguous: true, ..Self::unreachable(message) }
     }
 }
 
@@ -131,6 +155,7 @@ pub fn read_answer(body: Value) -> Result<Reply, Failure> {
             retryable,
             retry_after: None,
             agent_fault: false,
+            ambiguous: false,
         });
     }
     let collaborate = match envelope.remove("collaborate") {

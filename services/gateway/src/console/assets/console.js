@@ -134,6 +134,11 @@ const STEP_STATES = {
   step_cancelled: "cancelled",
 };
 
+// A step's progress report: `2/3 indexing`.
+function progressText(p) {
+  return `${p.progress}${p.total ? `/${p.total}` : ""}${p.message ? ` ${p.message}` : ""}`;
+}
+
 // Steps an event adds (a collaboration's replan, a review's recovery
 // round), those not drawn yet.
 function added(e, steps) {
@@ -406,7 +411,7 @@ async function executionPage() {
   let last = 0;
   const apply = async (e) => {
     last = Math.max(last, e.sequence);
-    timeline.append(el("li", {}, `${e.sequence}. ${e.kind}${e.step_id ? ` ${e.step_id}` : ""}${e.attempt ? ` (attempt ${e.attempt})` : ""}${e.duration_ms ? ` ${e.duration_ms} ms` : ""}${e.error ? `: ${e.error}` : ""}`));
+    timeline.append(el("li", {}, `${e.sequence}. ${e.kind}${e.step_id ? ` ${e.step_id}` : ""}${e.attempt ? ` (attempt ${e.attempt})` : ""}${e.duration_ms ? ` ${e.duration_ms} ms` : ""}${e.progress ? ` ${progressText(e.progress)}` : ""}${e.error ? `: ${e.error}` : ""}`));
     if (STEP_STATES[e.kind]) {
       states[e.step_id] = STEP_STATES[e.kind];
       drawing.set(e.step_id, states[e.step_id]);

@@ -1,0 +1,168 @@
+//! What an MCP server's tools are in the catalog, and what a tool's answer
+//! is as a step's output.
+
+use agentmesh_core::validate::{MAX_DESCRIPTION_LEN, check_id};
+use agentmesh_core::{Capability, Hints, RawJson};
+use rmcp::model::{CallToolResult, Tool};
+use serde_json::{Map, Value};
+
+/// The tools of one server as capabilities (skills), and the names of the
+/// tools that could not become one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Imported {
+    /// One skill per tool: its id is the tool's name (made to fit the id
+    /// rules when it does not), its endpoint the tool's exact name.
+    pub skills: Vec<Capability>,
+    /// Tools left out, each with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// The tag every imported tool carries.
+pub const TAG: &str = "mcp";
+
+/// Turns `tools/list`'s answer into skills.
+pub fn import(tools: &[Tool]) -> Imported {
+    let mut imported = Imported::default();
+    for tool in tools {
+        let Some(id) = capability_id(&tool.name) else {
+            imported.skipped.push((tool.name.to_string(), "its name cannot be made a capability id".into()));
+            continue;
+        };
+        if imported.skills.iter().any(|c| c.id == id) {
+            imported.skipped.push((tool.name.to_string(), format!("another tool already became `{id}`")));
+            continue;
+        }
+        let description = match (&tool.description, &tool.title) {
+            (Some(d), _) if !d.trim().is_empty() => d.trim(),
+            (_, Some(title)) => title.trim(),
+            _ => "",
+        };
+        imported.skills.push(Capability {
+            id,
+            description: shortened(description, MAX_DESCRIPTION_LEN),
+            tags: vec![TAG.to_owned()],
+            input_schema: Some(RawJson::from_value(&Value::Object((*tool.input_schema).clone()))),
+            output_schema: tool.output_schema.as_ref().map(|s| RawJson::from_value(&Value::Object((**s).clone()))),
+            examples: Vec::new(),
+            endpoint: tool.name.to_string(),
+            internal: false,
+            hints: hints(tool),
+        });
+    }
+    imported
+}
+
+/// The tool's annotations, with MCP's defaults made explicit where the
+/// executor acts on them: a tool that says nothing is neither read-only nor
+/// idempotent (so it is not called twice after a timeout).
+fn hints(tool: &Tool) -> Option<Hints> {
+    let annotations = tool.annotations.as_ref();
+    let read_only = annotations.and_then(|a| a.read_only_hint);
+    Some(Hints {
+        read_only: Some(read_only.unwrap_or(false)),
+        destructive: annotations.and_then(|a| a.destructive_hint),
+        idempotent: Some(annotations.and_then(|a| a.idempotent_hint).unwrap_or(read_only == Some(true))),
+        open_world: annotations.and_then(|a| a.open_world_hint),
+    })
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn shortened(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// The tool's name when it is a valid capability id, else the name with
+/// every character ids do not allow replaced by `_`.
+pub fn capability_id(name: &str) -> Option<String> {
+    if check_id(name).is_ok() {
+        return Some(name.to_owned());
+    }
+    let replaced: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    let trimmed = replaced.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
+    check_id(trimmed).is_ok().then(|| trimmed.to_owned())
+}
+
+/// A tool's answer as a step's outcome: its `structuredContent` when it
+/// has one, else its text as `{"text": …}`; an answer marked `isError`
+/// is the error its text says.
+pub fn read_result(result: CallToolResult) -> Result<Value, String> {
+    let text: Vec<&str> = result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.as_str())).collect();
+    if result.is_error == Some(true) {
+        let message = if text.is_empty() {
+            result
+                .structured_content
+                .map_or_else(|| "the tool reported an error without a message".into(), |v| v.to_string())
+        } else {
+            text.join("\n")
+        };
+        return Err(message);
+    }
+    if let Some(structured) = result.structured_content {
+        return Ok(structured);
+    }
+    let mut output = Map::new();
+    output.insert("text".into(), Value::String(text.join("\n")));
+    let others: Vec<Value> =
+        result.content.iter().filter(|c| c.as_text().is_none()).filter_map(|c| serde_json::to_value(c).ok()).collect();
+    if !others.is_empty() {
+        output.insert("content".into(), Value::Array(others));
+    }
+    Ok(Value::Object(output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{ContentBlock as Content, ToolAnnotations};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn tool(name: &str, annotations: Option<ToolAnnotations>) -> Tool {
+        let mut tool = Tool::new(
+            name.to_owned(),
+            "Get the time",
+            Arc::new(
+                json!({"type": "object", "properties": {"timezone": {"type": "string"}}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+        );
+        tool.annotations = annotations;
+        tool
+    }
+
+    #[test]
+    fn tools_become_skills_with_their_schema_and_hints() {
+        let read_only = ToolAnnotations::new().read_only(true);
+        let imported =
+            import(&[tool("get_current_time", Some(read_only)), tool("send mail!", None), tool("???", None)]);
+        assert_eq!(imported.skills.len(), 2);
+        let time = &imported.skills[0];
+        assert_eq!((time.id.as_str(), time.endpoint.as_str()), ("get_current_time", "get_current_time"));
+        assert_eq!(time.tags, vec!["mcp".to_owned()]);
+        assert_eq!(time.hints.map(|h| (h.read_only, h.idempotent)), Some((Some(true), Some(true))));
+        assert!(time.input_schema.as_ref().is_some_and(|s| s.get().contains("timezone")));
+        let mail = &imported.skills[1];
+        assert_eq!((mail.id.as_str(), mail.endpoint.as_str()), ("send_mail_", "send mail!"));
+        // Said nothing: not read-only, not idempotent (no second call after a timeout).
+        assert_eq!(mail.hints.map(|h| (h.read_only, h.idempotent)), Some((Some(false), Some(false))));
+        assert_eq!(imported.skipped.len(), 1);
+    }
+
+    #[test]
+    fn answers_are_structured_content_else_text_and_errors_fail() {
+        let mut structured = CallToolResult::success(vec![Content::text("{\"temp\":21}")]);
+        structured.structured_content = Some(json!({"temp": 21}));
+        assert_eq!(read_result(structured), Ok(json!({"temp": 21})));
+        let text = CallToolResult::success(vec![Content::text("350.0")]);
+        assert_eq!(read_result(text), Ok(json!({"text": "350.0"})));
+        let error = CallToolResult::error(vec![Content::text("unknown timezone")]);
+        assert_eq!(read_result(error), Err("unknown timezone".to_owned()));
+    }
+}

@@ -1,0 +1,154 @@
+//! Calling MCP servers: `tools/call` of the capability's tool (its
+//! endpoint) with the step's parameters as arguments, over one session per
+//! agent kept open between steps and opened again after it fails. The
+//! request's `_meta` carries the trace context and the request id; the
+//! server's progress reports go to the step's watchers.
+//!
+//! The answer: `structuredContent` (checked against the output schema like
+//! any output), else the text as `{"text": …}`; `isError` fails the step
+//! with its text. A refused request (unknown tool, rejected arguments) is
+//! not retried; no answer in time or a lost connection is retried like an
+//! HTTP call, unless the tool is not idempotent (see `Hints`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentmesh_mcp::{CallError, Session};
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use super::{AgentTransport, Call, Failure, Reply};
+use crate::egress::Egress;
+
+/// One open session, and what it was opened with.
+struct Open {
+    base_url: String,
+    credential: Option<String>,
+    session: Arc<Session>,
+}
+
+/// The MCP transport.
+pub struct McpTransport {
+    http: reqwest::Client,
+    egress: Arc<Egress>,
+    sessions: Mutex<HashMap<String, Open>>,
+}
+
+impl McpTransport {
+    /// Calls go through `http` (the HTTP transport's client: the same
+    /// egress checks at connection time, no redirects).
+    pub fn new(http: reqwest::Client, egress: Arc<Egress>) -> Self {
+        Self { http, egress, sessions: Mutex::new(HashMap::new()) }
+    }
+
+    /// The agent's open session, or a new one.
+    async fn session(&self, call: &Call<'_>) -> Result<Arc<Session>, Failure> {
+        let target = call.target;
+        let credential = call.credential.map(|c| c.header.as_str().to_owned());
+        {
+            let sessions = self.sessions.lock().await;
+            if let Some(open) = sessions.get(&target.agent_id)
+                && open.base_url == target.base_url
+                && open.credential == credential
+                && !open.session.is_closed()
+            {
+                return Ok(open.session.clone());
+            }
+        }
+        let url = url::Url::parse(&target.base_url)
+            .map_err(|e| Failure::fatal(format!("the agent's URL `{}` is not a URL: {e}", target.base_url)))?;
+        self.egress.check_call(&url).map_err(|e| Failure::fatal(format!("refused to call {url}: {e}")))?;
+        let options = agentmesh_mcp::client::Options {
+            headers: call.credential.map(|c| (c.header.clone(), c.value.clone())).into_iter().collect(),
+            list_changed: None,
+            http: Some(self.http.clone()),
+        };
+        let session = Session::connect(&target.base_url, options).await.map_err(|e| {
+            let message = e.to_string();
+            if message.contains("in a denied network") {
+                Failure::fatal(format!("refused to call {url}: {message}"))
+            } else {
+                // The session did not open: no tool ran.
+                Failure::unreachable(message)
+            }
+        })?;
+        let session = Arc::new(session);
+        self.sessions.lock().await.insert(
+            target.agent_id.clone(),
+            Open { base_url: target.base_url.clone(), credential, session: session.clone() },
+        );
+        Ok(session)
+    }
+
+    async fn forget(&self, agent_id: &str) {
+        self.sessions.lock().await.remove(agent_id);
+    }
+}
+
+#[async_trait]
+impl AgentTransport for McpTransport {
+    async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure> {
+        let arguments = match call.parameters {
+            Value::Object(map) => Some(map.clone()),
+            Value::Null => None,
+            other => {
+                return Err(Failure::fatal(format!(
+                    "an MCP tool takes an object as its arguments, the step's parameters are {other}"
+                )));
+            }
+        };
+        let session = self.session(call).await?;
+        let meta = agentmesh_mcp::call_meta(&traceparent(call), call.request_id);
+        let tool = &call.target.endpoint;
+        let started = tokio::time::Instant::now();
+        let (reports, mut reported) = tokio::sync::mpsc::channel(16);
+        let calling = session.call(tool, arguments, meta, Some(call.timeout), Some(reports));
+        tokio::pin!(calling);
+        let answer = loop {
+            tokio::select! {
+                answer = &mut calling => break answer,
+                Some(progress) = reported.recv() => call.progress.report(progress),
+            }
+        };
+        while let Ok(progress) = reported.try_recv() {
+            call.progress.report(progress);
+        }
+        match answer {
+            Ok(result) => agentmesh_mcp::tools::read_result(result)
+                .map(|output| Reply { output, collaborate: None })
+                .map_err(|text| Failure::fatal(format!("the tool `{tool}` reported an error: {text}"))),
+            Err(CallError::Refused(error)) => {
+                Err(Failure::fatal(format!("the MCP server refused the call to `{tool}`: {}", error.message)))
+            }
+            Err(CallError::Timeout(_)) => {
+                self.forget(&call.target.agent_id).await;
+                Err(Failure::unanswered(format!(
+                    "no answer from the tool `{tool}` at {} within {} ms",
+                    call.target.base_url,
+                    started.elapsed().as_millis()
+                )))
+            }
+            Err(CallError::Closed) => {
+                // Nothing was sent: open a new session and try again.
+                self.forget(&call.target.agent_id).await;
+                Err(Failure::unreachable("the MCP session had closed"))
+            }
+            Err(CallError::Lost(reason)) => {
+                self.forget(&call.target.agent_id).await;
+                Err(Failure::unanswered(format!(
+                    "the call to the tool `{tool}` at {} failed: {reason}",
+                    call.target.base_url
+                )))
+            }
+        }
+    }
+}
+
+/// The trace context to send: this step's span when the executor exports
+/// traces, else the one the execution was started in.
+fn traceparent(call: &Call<'_>) -> String {
+    let mut headers = http::HeaderMap::new();
+    agentmesh_telemetry::propagation::inject(&tracing::Span::current(), None, &mut headers);
+    headers.get("traceparent").and_then(|v| v.to_str().ok()).map_or_else(|| call.traceparent.to_owned(), str::to_owned)
+}
