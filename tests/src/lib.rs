@@ -64,6 +64,8 @@ pub struct Options {
     /// services call each other with (listed there as `service`), and an
     /// operator's token (for registrations).
     pub auth: Option<(std::path::PathBuf, String, String)>,
+    /// Discovery's `heartbeat_interval_secs` (default 10).
+    pub heartbeat_interval_secs: Option<f64>,
 }
 
 async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> (SocketAddr, Task)
@@ -97,6 +99,9 @@ impl Mesh {
             }
         };
         let mut discovery_config = DiscoveryConfig::with_database_url(db.url.clone());
+        if let Some(interval) = options.heartbeat_interval_secs {
+            discovery_config.heartbeat_interval_secs = interval;
+        }
         secure(&mut discovery_config.service);
         let discovery = spawn_discovery(discovery_config).await.unwrap();
         let llm = ScriptedLlmServer::start(replies).await.unwrap();

@@ -77,6 +77,13 @@ pub async fn run(mut client: DiscoveryServiceClient<TracedChannel>, args: McpArg
             "say which MCP server to add: `--url URL` for one that serves streamable HTTP, or the command of a stdio server after `--` (`agentmesh agents mcp --id time -- python -m mcp_server_time`)"
         );
     }
+    if args.listen.ip().is_unspecified() && args.advertise.is_none() {
+        anyhow::bail!(
+            "--listen {} accepts connections on every address, but discovery and the executor need one to call: give it with --advertise http://HOST:{}/mcp",
+            args.listen,
+            args.listen.port()
+        );
+    }
     let advertised_host = args
         .advertise
         .as_deref()
@@ -104,7 +111,7 @@ pub async fn run(mut client: DiscoveryServiceClient<TracedChannel>, args: McpArg
         args.command.join(" "),
         describe(&agent)
     );
-    let beats = heartbeats(client.clone(), definition);
+    let beats = heartbeats(client.clone(), definition, &bridge);
     tokio::select! {
         () = beats => {}
         () = crate::shutdown_signal() => {}
@@ -119,13 +126,17 @@ pub async fn run(mut client: DiscoveryServiceClient<TracedChannel>, args: McpArg
     Ok(())
 }
 
-/// Heartbeats at the interval discovery asks for, registering again when
-/// discovery no longer knows the agent; failures are logged and the next
-/// beat tries again.
-async fn heartbeats(mut client: DiscoveryServiceClient<TracedChannel>, definition: pb::Agent) {
+/// Heartbeats at the interval discovery asks for while the server runs,
+/// registering again when discovery no longer knows the agent; failures
+/// are logged and the next beat tries again.
+async fn heartbeats(mut client: DiscoveryServiceClient<TracedChannel>, definition: pb::Agent, bridge: &Bridge) {
     let mut interval = Duration::from_secs(10);
     loop {
         tokio::time::sleep(interval).await;
+        // No beat while the server is down: discovery sees it go quiet.
+        if !bridge.running().await {
+            continue;
+        }
         let beat = client
             .heartbeat(pb::HeartbeatRequest {
                 agent_id: definition.id.clone(),

@@ -27,6 +27,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{CallError, Error, Session};
 
+/// An error saying the upstream server could not answer, and whether the
+/// call may have reached it: `data` is `{"retryable": true, "ambiguous":
+/// …}`, which the executor reads ([`retry_marks`]).
+fn unavailable(message: impl Into<String>, ambiguous: bool) -> ErrorData {
+    ErrorData::internal_error(message.into(), Some(serde_json::json!({"retryable": true, "ambiguous": ambiguous})))
+}
+
+/// The marks [`unavailable`] puts on an error: `Some(ambiguous)` when the
+/// call may be tried again.
+pub fn retry_marks(error: &ErrorData) -> Option<bool> {
+    let data = error.data.as_ref()?;
+    (data.get("retryable")? == &serde_json::Value::Bool(true))
+        .then(|| data.get("ambiguous").and_then(serde_json::Value::as_bool).unwrap_or(true))
+}
+
 /// The path the bridge serves MCP on.
 pub const PATH: &str = "/mcp";
 
@@ -57,9 +72,17 @@ struct Upstream {
 
 impl Upstream {
     async fn current(&self) -> Result<Arc<Session>, ErrorData> {
-        self.session.read().await.clone().filter(|s| !s.is_closed()).ok_or_else(|| {
-            ErrorData::internal_error("the MCP server process is not running; it is being started again", None)
-        })
+        self.session
+            .read()
+            .await
+            .clone()
+            .filter(|s| !s.is_closed())
+            .ok_or_else(|| unavailable("the MCP server process is not running; it is being started again", false))
+    }
+
+    /// Whether the upstream server runs now.
+    async fn running(&self) -> bool {
+        self.session.read().await.as_ref().is_some_and(|s| !s.is_closed())
     }
 
     /// Tells every connected client that the tools may have changed.
@@ -115,7 +138,8 @@ impl Upstream {
     }
 
     async fn shut(&self) {
-        if let Some(session) = self.session.write().await.take()
+        let session = self.session.write().await.take();
+        if let Some(session) = session
             && let Ok(session) = Arc::try_unwrap(session)
         {
             session.close().await;
@@ -137,6 +161,7 @@ impl ServerHandler for Proxy {
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         if let Ok(mut peers) = self.upstream.peers.lock() {
+            peers.retain(|p| !p.is_transport_closed());
             peers.push(context.peer);
         }
     }
@@ -187,7 +212,8 @@ impl ServerHandler for Proxy {
         match result {
             Ok(result) => Ok(CallToolResponse::Complete(result)),
             Err(CallError::Refused(error)) => Err(error),
-            Err(other) => Err(ErrorData::internal_error(other.to_string(), None)),
+            Err(e @ (CallError::NotSent(_) | CallError::Closed)) => Err(unavailable(e.to_string(), false)),
+            Err(e @ (CallError::Timeout(_) | CallError::Lost(_))) => Err(unavailable(e.to_string(), true)),
         }
     }
 }
@@ -274,6 +300,11 @@ impl Bridge {
             StreamableHttpService::new(move || Ok(proxy.clone()), LocalSessionManager::default().into(), config);
         let router = axum::Router::new().nest_service(PATH, service);
         let until = stop.clone();
+        // Without TCP_NODELAY an SSE answer written in two pieces waits for
+        // the client's delayed ACK: 40 ms per call.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serving = tokio::spawn(async move {
             let served = axum::serve(listener, router).with_graceful_shutdown(until.cancelled_owned()).await;
             if let Err(e) = served {
@@ -298,6 +329,11 @@ impl Bridge {
     /// How many times the child was started again.
     pub fn restarts(&self) -> u32 {
         self.upstream.restarts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the child runs now (not between a crash and its restart).
+    pub async fn running(&self) -> bool {
+        self.upstream.running().await
     }
 
     /// The child's process id while it runs.

@@ -57,6 +57,10 @@ pub enum CallError {
     /// the server is unknown.
     #[error("the connection to the MCP server failed: {0}")]
     Lost(String),
+    /// The request could not be sent (nothing accepts connections there):
+    /// the tool did not run.
+    #[error("the MCP server cannot be reached: {0}")]
+    NotSent(String),
     /// The request never left (the session is closed).
     #[error("the MCP session is closed")]
     Closed,
@@ -92,6 +96,66 @@ impl ClientHandler for Handler {
 
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(ClientCapabilities::default(), Implementation::new("agentmesh", env!("CARGO_PKG_VERSION")))
+    }
+}
+
+/// An error and its causes, `a: b: c` (a cause already in the text is not
+/// repeated).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether an error comes from a connection that could not be opened (the
+/// request never left).
+fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_connect) {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// What a failed request means for the call.
+fn call_error(e: ServiceError) -> CallError {
+    match e {
+        ServiceError::McpError(error) => CallError::Refused(error),
+        ServiceError::Timeout { timeout } => CallError::Timeout(timeout),
+        ServiceError::TransportClosed => CallError::Closed,
+        ServiceError::TransportSend(ref sent) if never_connected(sent) => CallError::NotSent(error_chain(&e)),
+        other => CallError::Lost(error_chain(&other)),
+    }
+}
+
+/// Tells the server a call was given up (the step was cancelled or timed
+/// out here), unless it was answered.
+struct Unanswered {
+    peer: Option<rmcp::Peer<RoleClient>>,
+    id: rmcp::model::RequestId,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(peer) = self.peer.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let note = rmcp::model::CancelledNotificationParam::new(Some(self.id.clone()), Some("cancelled".into()));
+            runtime.spawn(async move {
+                let _ = peer.notify_cancelled(note).await;
+            });
+        }
     }
 }
 
@@ -140,7 +204,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 impl Session {
     /// Opens a session with the server at `url` (streamable HTTP).
     pub async fn connect(url: &str, options: Options) -> Result<Self, Error> {
-        let connect_error = |reason: String| Error::Connect { target: url.to_owned(), reason };
+        let target = agentmesh_telemetry::secrets::redact(url);
+        let connect_error = |reason: String| Error::Connect { target: target.clone(), reason };
         let http = match options.http {
             Some(http) => http,
             None => agentmesh_telemetry::http::client_builder()
@@ -154,8 +219,8 @@ impl Session {
         let service = tokio::time::timeout(CONNECT_TIMEOUT, handler.clone().serve(transport))
             .await
             .map_err(|_| connect_error(format!("no answer to `initialize` within {CONNECT_TIMEOUT:?}")))?
-            .map_err(|e| connect_error(e.to_string()))?;
-        Ok(Self { target: url.to_owned(), pid: None, service, handler })
+            .map_err(|e| connect_error(error_chain(&e)))?;
+        Ok(Self { target, pid: None, service, handler })
     }
 
     /// Starts `command` and opens a session over its stdin and stdout; its
@@ -219,26 +284,25 @@ impl Session {
         let mut options = PeerRequestOptions::default();
         options.timeout = timeout;
         options.meta = Some(RequestMetaObject(meta));
-        let handle = self.service.peer().send_request_with_option(request, options).await.map_err(|e| match e {
-            ServiceError::TransportClosed => CallError::Closed,
-            other => CallError::Lost(other.to_string()),
-        })?;
+        let handle = self.service.peer().send_request_with_option(request, options).await.map_err(call_error)?;
+        let mut unanswered = Unanswered { peer: Some(self.service.peer().clone()), id: handle.id.clone() };
         let _subscribed = progress.map(|sender| {
             if let Ok(mut map) = self.handler.progress.lock() {
                 map.insert(handle.progress_token.clone(), sender);
             }
             Subscribed { handler: &self.handler, token: handle.progress_token.clone() }
         });
-        match handle.await_response().await {
+        let answer = handle.await_response().await;
+        // Answered, or timed out (rmcp tells the server itself).
+        unanswered.peer = None;
+        match answer {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(CallError::Refused(rmcp::ErrorData::internal_error(
                 "the server answered with something other than a tool result (tasks and input requests are not supported)",
                 None,
             ))),
-            Err(ServiceError::McpError(error)) => Err(CallError::Refused(error)),
-            Err(ServiceError::Timeout { timeout }) => Err(CallError::Timeout(timeout)),
             Err(ServiceError::TransportClosed) => Err(CallError::Lost("the session closed before the answer".into())),
-            Err(other) => Err(CallError::Lost(other.to_string())),
+            Err(other) => Err(call_error(other)),
         }
     }
 

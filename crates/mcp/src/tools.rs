@@ -1,8 +1,8 @@
 //! What an MCP server's tools are in the catalog, and what a tool's answer
 //! is as a step's output.
 
-use agentmesh_core::validate::{MAX_DESCRIPTION_LEN, check_id};
-use agentmesh_core::{Capability, Hints, RawJson};
+use agentmesh_core::validate::{MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, check_id, validate_definition};
+use agentmesh_core::{AgentDefinition, Capability, Hints, RawJson, Transport};
 use rmcp::model::{CallToolResult, Tool};
 use serde_json::{Map, Value};
 
@@ -20,10 +20,24 @@ pub struct Imported {
 /// The tag every imported tool carries.
 pub const TAG: &str = "mcp";
 
-/// Turns `tools/list`'s answer into skills.
+/// Turns `tools/list`'s answer into skills: a tool the catalog cannot hold
+/// (a schema that is not one, too deeply nested, past the 1,000th) is left
+/// out with the reason, and the others are kept.
 pub fn import(tools: &[Tool]) -> Imported {
     let mut imported = Imported::default();
+    let mut alone: AgentDefinition = match serde_json::from_value(serde_json::json!(
+        {"id": "tool", "base_url": "http://tool/", "transport": Transport::Mcp.as_str()}
+    )) {
+        Ok(definition) => definition,
+        Err(_) => return imported,
+    };
     for tool in tools {
+        if imported.skills.len() >= MAX_CAPABILITIES {
+            imported
+                .skipped
+                .push((tool.name.to_string(), format!("an agent holds at most {MAX_CAPABILITIES} capabilities")));
+            continue;
+        }
         let Some(id) = capability_id(&tool.name) else {
             imported.skipped.push((tool.name.to_string(), "its name cannot be made a capability id".into()));
             continue;
@@ -37,7 +51,7 @@ pub fn import(tools: &[Tool]) -> Imported {
             (_, Some(title)) => title.trim(),
             _ => "",
         };
-        imported.skills.push(Capability {
+        let capability = Capability {
             id,
             description: shortened(description, MAX_DESCRIPTION_LEN),
             tags: vec![TAG.to_owned()],
@@ -47,22 +61,31 @@ pub fn import(tools: &[Tool]) -> Imported {
             endpoint: tool.name.to_string(),
             internal: false,
             hints: hints(tool),
-        });
+        };
+        alone.skills = vec![capability];
+        match validate_definition(&alone) {
+            Ok(()) => imported.skills.append(&mut alone.skills),
+            Err(errors) => {
+                let why: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+                imported.skipped.push((tool.name.to_string(), why.join("; ")));
+            }
+        }
     }
     imported
 }
 
-/// The tool's annotations, with MCP's defaults made explicit where the
-/// executor acts on them: a tool that says nothing is neither read-only nor
-/// idempotent (so it is not called twice after a timeout).
+/// The tool's annotations with MCP's defaults made explicit: a tool that
+/// says nothing is not read-only, may be destructive, is not idempotent
+/// (so it is not called twice after a timeout) and reaches the open world.
+/// A read-only tool is idempotent and not destructive unless it says so.
 fn hints(tool: &Tool) -> Option<Hints> {
     let annotations = tool.annotations.as_ref();
-    let read_only = annotations.and_then(|a| a.read_only_hint);
+    let read_only = annotations.and_then(|a| a.read_only_hint).unwrap_or(false);
     Some(Hints {
-        read_only: Some(read_only.unwrap_or(false)),
-        destructive: annotations.and_then(|a| a.destructive_hint),
-        idempotent: Some(annotations.and_then(|a| a.idempotent_hint).unwrap_or(read_only == Some(true))),
-        open_world: annotations.and_then(|a| a.open_world_hint),
+        read_only: Some(read_only),
+        destructive: Some(annotations.and_then(|a| a.destructive_hint).unwrap_or(!read_only)),
+        idempotent: Some(annotations.and_then(|a| a.idempotent_hint).unwrap_or(read_only)),
+        open_world: Some(annotations.and_then(|a| a.open_world_hint).unwrap_or(true)),
     })
 }
 
@@ -140,8 +163,10 @@ mod tests {
     #[test]
     fn tools_become_skills_with_their_schema_and_hints() {
         let read_only = ToolAnnotations::new().read_only(true);
+        let mut broken = tool("broken", None);
+        broken.input_schema = Arc::new(json!({"type": "strng"}).as_object().cloned().unwrap_or_default());
         let imported =
-            import(&[tool("get_current_time", Some(read_only)), tool("send mail!", None), tool("???", None)]);
+            import(&[tool("get_current_time", Some(read_only)), tool("send mail!", None), tool("???", None), broken]);
         assert_eq!(imported.skills.len(), 2);
         let time = &imported.skills[0];
         assert_eq!((time.id.as_str(), time.endpoint.as_str()), ("get_current_time", "get_current_time"));
@@ -151,8 +176,14 @@ mod tests {
         let mail = &imported.skills[1];
         assert_eq!((mail.id.as_str(), mail.endpoint.as_str()), ("send_mail_", "send mail!"));
         // Said nothing: not read-only, not idempotent (no second call after a timeout).
-        assert_eq!(mail.hints.map(|h| (h.read_only, h.idempotent)), Some((Some(false), Some(false))));
-        assert_eq!(imported.skipped.len(), 1);
+        assert_eq!(
+            mail.hints.map(|h| (h.read_only, h.idempotent, h.destructive, h.open_world)),
+            Some((Some(false), Some(false), Some(true), Some(true)))
+        );
+        // A tool the catalog cannot hold is left out, the others kept.
+        let skipped: Vec<&str> = imported.skipped.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(skipped, ["???", "broken"]);
+        assert!(imported.skipped[1].1.contains("input_schema"), "{:?}", imported.skipped);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Plans and executions between the domain model and protobuf, in one place for every
 //! service and client.
 
-use agentmesh_core::ReasoningEffort;
 use agentmesh_core::execution::{Collaboration, Event, EventKind, EventPayload, StepState, StepStatus};
 use agentmesh_core::plan::{Plan, PlanStep};
+use agentmesh_core::{Hints, ReasoningEffort, Transport};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -58,6 +58,44 @@ pub fn effort_from_pb(value: i32) -> Option<ReasoningEffort> {
 /// A timestamp to protobuf.
 pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: at.timestamp(), nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0) }
+}
+
+/// A transport to protobuf.
+pub fn transport_to_pb(transport: Transport) -> pb::Transport {
+    match transport {
+        Transport::Http => pb::Transport::Http,
+        Transport::Grpc => pb::Transport::Grpc,
+        Transport::Mcp => pb::Transport::Mcp,
+    }
+}
+
+/// A protobuf transport; unspecified (or unknown) is HTTP.
+pub fn transport_from_pb(value: i32) -> Transport {
+    match pb::Transport::try_from(value) {
+        Ok(pb::Transport::Grpc) => Transport::Grpc,
+        Ok(pb::Transport::Mcp) => Transport::Mcp,
+        Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
+    }
+}
+
+/// Capability hints to protobuf.
+pub fn hints_to_pb(hints: &Hints) -> pb::CapabilityHints {
+    pb::CapabilityHints {
+        read_only: hints.read_only,
+        destructive: hints.destructive,
+        idempotent: hints.idempotent,
+        open_world: hints.open_world,
+    }
+}
+
+/// Capability hints from protobuf.
+pub fn hints_from_pb(hints: &pb::CapabilityHints) -> Hints {
+    Hints {
+        read_only: hints.read_only,
+        destructive: hints.destructive,
+        idempotent: hints.idempotent,
+        open_world: hints.open_world,
+    }
 }
 
 /// Execution event kinds in the domain and in protobuf.

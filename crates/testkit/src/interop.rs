@@ -35,7 +35,7 @@ fn found(path: PathBuf, what: &str, test: &str) -> Option<PathBuf> {
     None
 }
 
-/// The Python with `mcp` 2.x and `mcp-server-time` (and `a2a-sdk`).
+/// The Python with `mcp` 2.x and `mcp-server-time`.
 pub fn python(test: &str) -> Option<PathBuf> {
     found(dir().join("interop-venv").join("bin").join("python"), "the interop virtualenv", test)
 }
@@ -104,15 +104,14 @@ impl Everything {
 }
 
 /// Runs a Python script with the interop virtualenv's Python and returns
-/// its standard output; panics with its standard error when it fails.
+/// its standard output; panics with its standard error when it fails or
+/// takes more than two minutes.
 pub async fn run_python(python: &Path, script: &str, args: &[&str]) -> String {
-    let output = Command::new(python)
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
+    let running =
+        Command::new(python).arg("-c").arg(script).args(args).stdin(Stdio::null()).kill_on_drop(true).output();
+    let output = tokio::time::timeout(Duration::from_secs(120), running)
         .await
+        .unwrap_or_else(|_| panic!("the Python client did not finish within 120 s"))
         .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
     assert!(
         output.status.success(),

@@ -1,9 +1,9 @@
 //! Conversions between protobuf messages and the domain model, in one place.
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, Hints, InvocationTarget,
-    RawJson, Transport,
+    AgentDefinition, AgentRecord, Capability, CapabilityKind, DeploymentType, HealthStatus, InvocationTarget, RawJson,
 };
+pub use agentmesh_proto::convert::{hints_from_pb, hints_to_pb, transport_from_pb, transport_to_pb};
 use agentmesh_proto::v1 as pb;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -46,44 +46,6 @@ impl Detail {
 
 fn raw_to_struct(raw: Option<&RawJson>) -> Option<prost_types::Struct> {
     raw.and_then(|r| json_to_struct(&r.to_value()))
-}
-
-/// A transport to protobuf.
-pub fn transport_to_pb(transport: Transport) -> pb::Transport {
-    match transport {
-        Transport::Http => pb::Transport::Http,
-        Transport::Grpc => pb::Transport::Grpc,
-        Transport::Mcp => pb::Transport::Mcp,
-    }
-}
-
-/// A protobuf transport; unspecified (or unknown) is HTTP.
-pub fn transport_from_pb(value: i32) -> Transport {
-    match pb::Transport::try_from(value) {
-        Ok(pb::Transport::Grpc) => Transport::Grpc,
-        Ok(pb::Transport::Mcp) => Transport::Mcp,
-        Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
-    }
-}
-
-/// Capability hints to protobuf.
-pub fn hints_to_pb(hints: &Hints) -> pb::CapabilityHints {
-    pb::CapabilityHints {
-        read_only: hints.read_only,
-        destructive: hints.destructive,
-        idempotent: hints.idempotent,
-        open_world: hints.open_world,
-    }
-}
-
-/// Capability hints from protobuf.
-pub fn hints_from_pb(hints: &pb::CapabilityHints) -> Hints {
-    Hints {
-        read_only: hints.read_only,
-        destructive: hints.destructive,
-        idempotent: hints.idempotent,
-        open_world: hints.open_world,
-    }
 }
 
 /// A capability to protobuf.
@@ -273,6 +235,7 @@ mod tests {
 
     #[test]
     fn transports_and_hints_round_trip_through_protobuf() {
+        use agentmesh_core::{Hints, Transport};
         let def: AgentDefinition = serde_json::from_value(json!({
             "id": "shop", "base_url": "http://shop:1/mcp", "transport": "mcp",
             "skills": [{"id": "charge", "hints": {"idempotent": false, "open_world": true}}, {"id": "look"}]

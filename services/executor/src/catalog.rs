@@ -69,21 +69,12 @@ impl AgentEntry {
                     internal: c.internal,
                     output_schema: c.output_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
                     input_schema: c.input_schema.as_ref().map(|s| Schema::compile(&from_struct(s))),
-                    hints: c.hints.as_ref().map(|h| Hints {
-                        read_only: h.read_only,
-                        destructive: h.destructive,
-                        idempotent: h.idempotent,
-                        open_world: h.open_world,
-                    }),
+                    hints: c.hints.as_ref().map(agentmesh_proto::convert::hints_from_pb),
                 };
                 capabilities.insert(c.id.clone(), entry);
             }
         }
-        let transport = match pb::Transport::try_from(agent.transport) {
-            Ok(pb::Transport::Grpc) => Transport::Grpc,
-            Ok(pb::Transport::Mcp) => Transport::Mcp,
-            Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
-        };
+        let transport = agentmesh_proto::convert::transport_from_pb(agent.transport);
         Self {
             id: agent.id.clone(),
             base_url: agent.base_url.clone(),

@@ -141,11 +141,13 @@ impl ServerHandler for MeshServer {
             .unwrap_or_else(agentmesh_server::Principal::anonymous_operator);
         let request_id = agentmesh_server::new_request_id();
         let orchestrate = pb::OrchestrateRequest { query: query.to_owned(), request_id, ..Default::default() };
-        let mut started = self
-            .shared
-            .start(orchestrate, None, &principal)
-            .await
-            .map_err(|status| ErrorData::invalid_params(status.message().to_owned(), None))?;
+        let mut started =
+            self.shared.start(orchestrate, None, &principal).await.map_err(|status| match status.code() {
+                tonic::Code::InvalidArgument | tonic::Code::AlreadyExists => {
+                    ErrorData::invalid_params(status.message().to_owned(), None)
+                }
+                _ => ErrorData::internal_error(status.message().to_owned(), None),
+            })?;
         let token = context.meta.get_progress_token();
         let mut count = 0.0;
         let mut review = Value::Null;

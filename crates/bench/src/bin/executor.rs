@@ -120,6 +120,11 @@ async fn agent() -> anyhow::Result<()> {
     let app = axum::Router::new()
         .route("/skills/noop", axum::routing::post(|| async { axum::Json(json!({"ok": true})) }))
         .nest_service("/mcp", mcp);
+    // As an MCP server should: an SSE answer is written in pieces, which
+    // with Nagle's algorithm wait for the client's delayed ACK (40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).await?;
     Ok(())
 }

@@ -24,7 +24,8 @@ use crate::egress::Egress;
 /// One open session, and what it was opened with.
 struct Open {
     base_url: String,
-    credential: Option<String>,
+    /// The credential's header and value: a rotated secret opens a new session.
+    credential: Option<(http::HeaderName, http::HeaderValue)>,
     session: Arc<Session>,
 }
 
@@ -45,7 +46,7 @@ impl McpTransport {
     /// The agent's open session, or a new one.
     async fn session(&self, call: &Call<'_>) -> Result<Arc<Session>, Failure> {
         let target = call.target;
-        let credential = call.credential.map(|c| c.header.as_str().to_owned());
+        let credential = call.credential.map(|c| (c.header.clone(), c.value.clone()));
         {
             let sessions = self.sessions.lock().await;
             if let Some(open) = sessions.get(&target.agent_id)
@@ -60,7 +61,7 @@ impl McpTransport {
             .map_err(|e| Failure::fatal(format!("the agent's URL `{}` is not a URL: {e}", target.base_url)))?;
         self.egress.check_call(&url).map_err(|e| Failure::fatal(format!("refused to call {url}: {e}")))?;
         let options = agentmesh_mcp::client::Options {
-            headers: call.credential.map(|c| (c.header.clone(), c.value.clone())).into_iter().collect(),
+            headers: credential.clone().into_iter().collect(),
             list_changed: None,
             http: Some(self.http.clone()),
         };
@@ -98,12 +99,20 @@ impl AgentTransport for McpTransport {
                 )));
             }
         };
-        let session = self.session(call).await?;
+        // Opening a session counts against the step's timeout.
+        let started = tokio::time::Instant::now();
+        let session = tokio::time::timeout(call.timeout, self.session(call)).await.map_err(|_| {
+            Failure::unreachable(format!(
+                "no MCP session with {} within {} ms",
+                call.target.base_url,
+                call.timeout.as_millis()
+            ))
+        })??;
         let meta = agentmesh_mcp::call_meta(&traceparent(call), call.request_id);
         let tool = &call.target.endpoint;
-        let started = tokio::time::Instant::now();
+        let left = call.timeout.saturating_sub(started.elapsed()).max(std::time::Duration::from_millis(1));
         let (reports, mut reported) = tokio::sync::mpsc::channel(16);
-        let calling = session.call(tool, arguments, meta, Some(call.timeout), Some(reports));
+        let calling = session.call(tool, arguments, meta, Some(left), Some(reports));
         tokio::pin!(calling);
         let answer = loop {
             tokio::select! {
@@ -119,7 +128,17 @@ impl AgentTransport for McpTransport {
                 .map(|output| Reply { output, collaborate: None })
                 .map_err(|text| Failure::fatal(format!("the tool `{tool}` reported an error: {text}"))),
             Err(CallError::Refused(error)) => {
-                Err(Failure::fatal(format!("the MCP server refused the call to `{tool}`: {}", error.message)))
+                let message = format!("the MCP server refused the call to `{tool}`: {}", error.message);
+                // A bridge whose server is down says whether to try again.
+                match agentmesh_mcp::bridge::retry_marks(&error) {
+                    Some(true) => Err(Failure::unanswered(message)),
+                    Some(false) => Err(Failure::unreachable(message)),
+                    None => Err(Failure::fatal(message)),
+                }
+            }
+            Err(CallError::NotSent(reason)) => {
+                self.forget(&call.target.agent_id).await;
+                Err(Failure::unreachable(format!("could not reach {}: {reason}", call.target.base_url)))
             }
             Err(CallError::Timeout(_)) => {
                 self.forget(&call.target.agent_id).await;
