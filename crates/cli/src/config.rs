@@ -118,10 +118,12 @@ fn section_of(key: &str) -> Option<&'static str> {
 /// Variables starting with `AGENTMESH_` that the CLI reads by name, beside
 /// the `AGENTMESH_<SECTION>__<KEY>` settings (the test suite's own are
 /// listed so that its runs stay quiet).
-const KNOWN_VARIABLES: [&str; 16] = [
+const KNOWN_VARIABLES: [&str; 21] = [
     "AGENTMESH_CONFIG",
+    "AGENTMESH_TOKEN",
     "AGENTMESH_AGENT_LISTEN",
     "AGENTMESH_AGENT_URL",
+    "AGENTMESH_AGENT_TOKEN",
     "AGENTMESH_BLESS",
     "AGENTMESH_LOG_FORMAT",
     "AGENTMESH_DISCOVERY_URL",
@@ -135,6 +137,9 @@ const KNOWN_VARIABLES: [&str; 16] = [
     "AGENTMESH_REAL_MODEL_ONLY",
     "AGENTMESH_REAL_MODEL_RUNS",
     "AGENTMESH_REAL_MODEL_VERBOSE",
+    "AGENTMESH_INTEROP_DIR",
+    "AGENTMESH_CHROMIUM",
+    "AGENTMESH_CHROMEDRIVER",
 ];
 
 /// A warning for each `AGENTMESH_` variable that sets nothing (such as

@@ -187,8 +187,15 @@ fn up_honours_the_file_and_the_environment_speaks_plainly() {
 
     let (out, err) = run(
         &["serve", "planner", "--print-config"],
-        &[("AGENTMESH_PLANNER__SELF_AGENT_IDS", "me, other"), ("AGENTMESH_DISCOVERY_DATABASE_URL", "sqlite://x.db")],
+        &[
+            ("AGENTMESH_PLANNER__SELF_AGENT_IDS", "me, other"),
+            ("AGENTMESH_DISCOVERY_DATABASE_URL", "sqlite://x.db"),
+            // Read by name (the CLI's token, the tests' harness): no warning.
+            ("AGENTMESH_TOKEN", "t"),
+            ("AGENTMESH_INTEROP_DIR", "/tmp"),
+        ],
     );
+    assert!(!err.contains("AGENTMESH_TOKEN") && !err.contains("AGENTMESH_INTEROP_DIR"), "{err}");
     assert!(out.contains("self_agent_ids = [\n    \"me\",\n    \"other\",\n]"), "{out}");
     assert!(
         err.contains("AGENTMESH_DISCOVERY_DATABASE_URL is not read")
