@@ -9,6 +9,8 @@ use std::time::Duration;
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
+use agentmesh_telemetry::http::error_chain;
+
 use crate::{LlmError, RetryPolicy};
 
 /// HTTP settings common to all providers.
@@ -391,18 +393,6 @@ fn too_large(limit: usize) -> LlmError {
         "the LLM server's answer is larger than max_response_bytes ({limit} bytes); \
          raise it if such answers are expected"
     ))
-}
-
-/// An error with its causes (reqwest's `Display` stops at the outermost).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The server-sent events of a body read chunk by chunk: every event that

@@ -71,6 +71,30 @@ struct Upstream {
 }
 
 impl Upstream {
+    /// The upstream `session` (opened with `list_changed`), and the task
+    /// passing the changes it announces on to every client.
+    fn start(
+        command: Vec<String>,
+        session: Session,
+        list_changed: mpsc::Sender<()>,
+        mut changes: mpsc::Receiver<()>,
+    ) -> (Arc<Self>, JoinHandle<()>) {
+        let upstream = Arc::new(Self {
+            command,
+            session: RwLock::new(Some(Arc::new(session))),
+            peers: Mutex::new(Vec::new()),
+            list_changed,
+            restarts: std::sync::atomic::AtomicU32::new(0),
+        });
+        let announcing = upstream.clone();
+        let forwarding = tokio::spawn(async move {
+            while changes.recv().await.is_some() {
+                announcing.announce().await;
+            }
+        });
+        (upstream, forwarding)
+    }
+
     async fn current(&self) -> Result<Arc<Session>, ErrorData> {
         self.session
             .read()
@@ -223,22 +247,10 @@ impl ServerHandler for Proxy {
 /// token, say); its progress reports and tool-list changes are passed on.
 pub async fn serve_stdio(url: &str, headers: Vec<(http::HeaderName, http::HeaderValue)>) -> Result<(), Error> {
     use rmcp::ServiceExt as _;
-    let (list_changed, mut changes) = mpsc::channel(4);
+    let (list_changed, changes) = mpsc::channel(4);
     let options = crate::client::Options { headers, list_changed: Some(list_changed.clone()), http: None };
     let session = Session::connect(url, options).await?;
-    let upstream = Arc::new(Upstream {
-        command: vec![url.to_owned()],
-        session: RwLock::new(Some(Arc::new(session))),
-        peers: Mutex::new(Vec::new()),
-        list_changed,
-        restarts: std::sync::atomic::AtomicU32::new(0),
-    });
-    let announcing = upstream.clone();
-    let forwarding = tokio::spawn(async move {
-        while changes.recv().await.is_some() {
-            announcing.announce().await;
-        }
-    });
+    let (upstream, forwarding) = Upstream::start(vec![url.to_owned()], session, list_changed, changes);
     let proxy = Proxy { upstream: upstream.clone() };
     let running = proxy
         .serve(rmcp::transport::io::stdio())
@@ -273,16 +285,6 @@ impl Bridge {
     /// Starts the child, waits for its handshake, then serves. Fails when
     /// the child cannot be started or does not speak MCP.
     pub async fn start(options: Options) -> Result<Self, Error> {
-        let (list_changed, mut changes) = mpsc::channel(4);
-        let first = Session::spawn(&options.command, Some(list_changed.clone())).await?;
-        let started = Instant::now();
-        let child = Arc::new(Upstream {
-            command: options.command.clone(),
-            session: RwLock::new(Some(Arc::new(first))),
-            peers: Mutex::new(Vec::new()),
-            list_changed,
-            restarts: std::sync::atomic::AtomicU32::new(0),
-        });
         let listener = tokio::net::TcpListener::bind(options.listen).await.map_err(|e| Error::Connect {
             target: options.listen.to_string(),
             reason: format!("cannot listen there: {e}"),
@@ -290,6 +292,10 @@ impl Bridge {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::Connect { target: options.listen.to_string(), reason: e.to_string() })?;
+        let (list_changed, changes) = mpsc::channel(4);
+        let first = Session::spawn(&options.command, Some(list_changed.clone())).await?;
+        let started = Instant::now();
+        let (child, forwarding) = Upstream::start(options.command.clone(), first, list_changed, changes);
         let stop = CancellationToken::new();
         let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
         hosts.extend(options.allowed_hosts.iter().cloned());
@@ -312,12 +318,6 @@ impl Bridge {
             }
         });
         let supervisor = tokio::spawn(child.clone().supervise(started, stop.clone()));
-        let announcing = child.clone();
-        let forwarding = tokio::spawn(async move {
-            while changes.recv().await.is_some() {
-                announcing.announce().await;
-            }
-        });
         Ok(Self { addr, upstream: child, stop, serving, supervisor, forwarding })
     }
 

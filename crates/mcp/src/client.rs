@@ -17,6 +17,8 @@ use rmcp::{ClientHandler, ServiceError, ServiceExt};
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
+use agentmesh_telemetry::http::error_chain;
+
 /// Where a tool call stands, as the server reported it.
 pub use agentmesh_core::execution::StepProgress as Progress;
 
@@ -97,22 +99,6 @@ impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(ClientCapabilities::default(), Implementation::new("agentmesh", env!("CARGO_PKG_VERSION")))
     }
-}
-
-/// An error and its causes, `a: b: c` (a cause already in the text is not
-/// repeated).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// Whether an error comes from a connection that could not be opened (the

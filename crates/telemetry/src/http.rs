@@ -85,6 +85,22 @@ impl RetryPolicy {
     }
 }
 
+/// An error and its causes, `a: b: c` (reqwest's `Display` stops at the
+/// outermost); a cause whose text is already there is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,15 +40,7 @@ async fn hints_read_back_everywhere(backend: Backend) {
     let skills = &listed["capabilities"][0]["skills"];
     assert_eq!(skills[0]["hints"], json!({"idempotent": false, "open_world": true}));
     assert!(skills[1].get("hints").is_none(), "{listed}");
-    let xml = ctx
-        .http
-        .get(ctx.url("/api/v1/discovery/capabilities?agent=shop&format=xml"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
+    let xml = ctx.text("/api/v1/discovery/capabilities?agent=shop&format=xml").await;
     assert_eq!(xml.matches("<hints").count(), 1, "{xml}");
     assert!(xml.contains(r#"<hints idempotent="false" open_world="true"/>"#), "{xml}");
     let compact = ctx.discover("agent=shop&format=compact").await;

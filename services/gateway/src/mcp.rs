@@ -78,9 +78,8 @@ fn describe(m: &pb::OrchestrateResponse) -> String {
             }
         }
         Some(Event::ExecutionEvent(e)) => {
-            let (_, data) = json::message(m);
-            let event = &data["execution_event"];
-            let mut line = event["kind"].as_str().unwrap_or("event").to_owned();
+            let kind = pb::ExecutionEventKind::try_from(e.kind).unwrap_or_default();
+            let mut line = kind.as_str_name().trim_start_matches("EXECUTION_EVENT_KIND_").to_ascii_lowercase();
             if !e.step_id.is_empty() {
                 line.push(' ');
                 line.push_str(&e.step_id);

@@ -70,17 +70,14 @@ impl Ctx {
         }
     }
 
+    /// The body of a GET of `path`, as text.
+    pub async fn text(&self, path: &str) -> String {
+        self.http.get(self.url(path)).send().await.unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default()
+    }
+
     /// A counter or gauge from /metrics (summing over labels that match).
     pub async fn metric(&self, name_with_labels: &str) -> f64 {
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .text()
-            .await
-            .unwrap_or_default();
+        let text = self.text("/metrics").await;
         text.lines()
             .filter(|l| l.starts_with(name_with_labels))
             .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))

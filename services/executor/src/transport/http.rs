@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentmesh_telemetry::http::error_chain;
 use async_trait::async_trait;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::Value;
@@ -224,21 +225,6 @@ impl AgentTransport for HttpTransport {
         })?;
         read_answer(value)
     }
-}
-
-/// An error and its causes, `a: b: c`.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
