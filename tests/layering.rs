@@ -9,13 +9,14 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Which workspace crates each library below the services may depend on.
-const BELOW_SERVICES: [(&str, &[&str]); 10] = [
+const BELOW_SERVICES: [(&str, &[&str]); 11] = [
     ("agentmesh-core", &[]),
     ("agentmesh-proto", &["agentmesh-core"]),
     ("agentmesh-telemetry", &[]),
     ("agentmesh-store", &["agentmesh-core"]),
     ("agentmesh-llm", &["agentmesh-core", "agentmesh-telemetry"]),
     ("agentmesh-mcp", &["agentmesh-core", "agentmesh-telemetry"]),
+    ("agentmesh-a2a", &["agentmesh-core", "agentmesh-telemetry"]),
     (
         "agentmesh-catalog",
         &[

@@ -51,6 +51,9 @@ enum AgentsCommand {
     /// (`agentmesh agents mcp --id time -- python -m mcp_server_time`), or
     /// one reached over streamable HTTP (`--url`).
     Mcp(crate::mcp::McpArgs),
+    /// Add an A2A agent's skills to the mesh, from its Agent Card
+    /// (`agentmesh agents a2a http://localhost:9999`).
+    A2a(crate::a2a::A2aArgs),
     /// Remove an agent.
     Deregister {
         /// Agent id.
@@ -165,6 +168,7 @@ pub async fn run(args: AgentsArgs) -> anyhow::Result<()> {
             println!("{} {}", if response.created { "registered" } else { "updated" }, definition.id);
         }
         AgentsCommand::Mcp(mcp) => return crate::mcp::run(client, mcp).await,
+        AgentsCommand::A2a(a2a) => return crate::a2a::run(client, a2a).await,
         AgentsCommand::Deregister { id } => {
             client
                 .deregister_agent(pb::DeregisterAgentRequest { agent_id: id.clone() })

@@ -21,6 +21,10 @@ pub enum Transport {
     /// An MCP server: the capabilities are its tools, called with
     /// `tools/call` on its streamable-HTTP URL (the base URL).
     Mcp,
+    /// An A2A agent: the capabilities are the skills of its Agent Card
+    /// (`{base_url}/.well-known/agent-card.json`), called by sending a
+    /// message in the protocol version the card declares.
+    A2a,
 }
 
 impl Transport {
@@ -30,7 +34,15 @@ impl Transport {
             Self::Http => "http",
             Self::Grpc => "grpc",
             Self::Mcp => "mcp",
+            Self::A2a => "a2a",
         }
+    }
+
+    /// Whether the agent's capabilities come from the agent itself (its
+    /// MCP tools, its Agent Card's skills) rather than the registration,
+    /// and each one's endpoint is the name the agent gives it.
+    pub fn is_imported(self) -> bool {
+        matches!(self, Self::Mcp | Self::A2a)
     }
 
     /// Parses a wire name.
@@ -39,6 +51,7 @@ impl Transport {
             "http" => Some(Self::Http),
             "grpc" => Some(Self::Grpc),
             "mcp" => Some(Self::Mcp),
+            "a2a" => Some(Self::A2a),
             _ => None,
         }
     }
@@ -331,7 +344,7 @@ mod tests {
 
     #[test]
     fn transports_have_one_wire_name_each() {
-        for transport in [Transport::Http, Transport::Grpc, Transport::Mcp] {
+        for transport in [Transport::Http, Transport::Grpc, Transport::Mcp, Transport::A2a] {
             assert_eq!(Transport::parse(transport.as_str()), Some(transport));
             let json = serde_json::to_value(transport).unwrap_or_default();
             assert_eq!(json, Value::String(transport.as_str().to_owned()));

@@ -7,6 +7,7 @@ pub mod bm25;
 pub mod execution;
 pub mod fence;
 pub mod health;
+pub mod import;
 pub mod index;
 pub mod llm;
 pub mod pattern;

@@ -212,13 +212,15 @@ fn check_capability(field: &str, cap: &Capability, transport: crate::Transport, 
             errors.push(FieldError::new(format!("{field}.examples[{i}]"), e));
         }
     }
-    if transport == crate::Transport::Mcp {
-        // An MCP tool's endpoint is its name, as the server spells it.
+    if transport.is_imported() {
+        // An MCP tool's or an A2A skill's endpoint is its name, as the agent spells it.
         if cap.endpoint.is_empty() || cap.endpoint.len() > MAX_TOOL_NAME_LEN || cap.endpoint.contains(char::is_control)
         {
             errors.push(FieldError::new(
                 format!("{field}.endpoint"),
-                format!("must be the MCP tool's name: 1-{MAX_TOOL_NAME_LEN} bytes without control characters"),
+                format!(
+                    "must be the MCP tool's or A2A skill's name: 1-{MAX_TOOL_NAME_LEN} bytes without control characters"
+                ),
             ));
         }
     } else if !cap.endpoint.is_empty() && (!cap.endpoint.starts_with('/') || cap.endpoint.contains(char::is_whitespace))

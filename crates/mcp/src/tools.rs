@@ -1,21 +1,11 @@
 //! What an MCP server's tools are in the catalog, and what a tool's answer
 //! is as a step's output.
 
-use agentmesh_core::validate::{MAX_CAPABILITIES, MAX_DESCRIPTION_LEN, check_id, validate_definition};
-use agentmesh_core::{AgentDefinition, Capability, Hints, RawJson, Transport};
+use agentmesh_core::import::{Imported, capability_id, shortened};
+use agentmesh_core::validate::MAX_DESCRIPTION_LEN;
+use agentmesh_core::{Capability, Hints, RawJson, Transport};
 use rmcp::model::{CallToolResult, Tool};
 use serde_json::{Map, Value};
-
-/// The tools of one server as capabilities (skills), and the names of the
-/// tools that could not become one.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Imported {
-    /// One skill per tool: its id is the tool's name (made to fit the id
-    /// rules when it does not), its endpoint the tool's exact name.
-    pub skills: Vec<Capability>,
-    /// Tools left out, each with the reason.
-    pub skipped: Vec<(String, String)>,
-}
 
 /// The tag every imported tool carries.
 pub const TAG: &str = "mcp";
@@ -24,28 +14,12 @@ pub const TAG: &str = "mcp";
 /// (a schema that is not one, too deeply nested, past the 1,000th) is left
 /// out with the reason, and the others are kept.
 pub fn import(tools: &[Tool]) -> Imported {
-    let mut imported = Imported::default();
-    let mut alone: AgentDefinition = match serde_json::from_value(serde_json::json!(
-        {"id": "tool", "base_url": "http://tool/", "transport": Transport::Mcp.as_str()}
-    )) {
-        Ok(definition) => definition,
-        Err(_) => return imported,
-    };
+    let mut imported = Imported::new(Transport::Mcp);
     for tool in tools {
-        if imported.skills.len() >= MAX_CAPABILITIES {
-            imported
-                .skipped
-                .push((tool.name.to_string(), format!("an agent holds at most {MAX_CAPABILITIES} capabilities")));
-            continue;
-        }
         let Some(id) = capability_id(&tool.name) else {
-            imported.skipped.push((tool.name.to_string(), "its name cannot be made a capability id".into()));
+            imported.skip(&tool.name, "its name cannot be made a capability id");
             continue;
         };
-        if imported.skills.iter().any(|c| c.id == id) {
-            imported.skipped.push((tool.name.to_string(), format!("another tool already became `{id}`")));
-            continue;
-        }
         let description = match (&tool.description, &tool.title) {
             (Some(d), _) if !d.trim().is_empty() => d.trim(),
             (_, Some(title)) => title.trim(),
@@ -62,14 +36,7 @@ pub fn import(tools: &[Tool]) -> Imported {
             internal: false,
             hints: hints(tool),
         };
-        alone.skills = vec![capability];
-        match validate_definition(&alone) {
-            Ok(()) => imported.skills.append(&mut alone.skills),
-            Err(errors) => {
-                let why: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
-                imported.skipped.push((tool.name.to_string(), why.join("; ")));
-            }
-        }
+        imported.add(&tool.name, capability);
     }
     imported
 }
@@ -87,27 +54,6 @@ fn hints(tool: &Tool) -> Option<Hints> {
         idempotent: Some(annotations.and_then(|a| a.idempotent_hint).unwrap_or(read_only)),
         open_world: Some(annotations.and_then(|a| a.open_world_hint).unwrap_or(true)),
     })
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn shortened(text: &str, max: usize) -> String {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
-
-/// The tool's name when it is a valid capability id, else the name with
-/// every character ids do not allow replaced by `_`.
-pub fn capability_id(name: &str) -> Option<String> {
-    if check_id(name).is_ok() {
-        return Some(name.to_owned());
-    }
-    let replaced: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
-    let trimmed = replaced.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
-    check_id(trimmed).is_ok().then(|| trimmed.to_owned())
 }
 
 /// A tool's answer as a step's outcome: its `structuredContent` when it

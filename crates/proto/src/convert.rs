@@ -66,6 +66,7 @@ pub fn transport_to_pb(transport: Transport) -> pb::Transport {
         Transport::Http => pb::Transport::Http,
         Transport::Grpc => pb::Transport::Grpc,
         Transport::Mcp => pb::Transport::Mcp,
+        Transport::A2a => pb::Transport::A2a,
     }
 }
 
@@ -74,6 +75,7 @@ pub fn transport_from_pb(value: i32) -> Transport {
     match pb::Transport::try_from(value) {
         Ok(pb::Transport::Grpc) => Transport::Grpc,
         Ok(pb::Transport::Mcp) => Transport::Mcp,
+        Ok(pb::Transport::A2a) => Transport::A2a,
         Ok(pb::Transport::Http | pb::Transport::Unspecified) | Err(_) => Transport::Http,
     }
 }

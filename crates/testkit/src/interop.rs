@@ -121,3 +121,58 @@ pub async fn run_python(python: &Path, script: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The A2A agent of `tests/interop/a2a_agent.py`, written with the official
+/// SDK (`a2a-sdk`), stopped when dropped.
+pub struct A2aAgent {
+    _child: Child,
+    /// Its base URL (the card is under `/.well-known/agent-card.json`).
+    pub url: String,
+    received: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl A2aAgent {
+    /// Starts it on a free port, its card declaring protocol `version` (1.0
+    /// or 0.3) and whether it streams; `None` when the SDK is not installed
+    /// outside CI.
+    pub async fn start(test: &str, version: &str, streaming: bool) -> Option<Self> {
+        let python = python(test)?;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/a2a_agent.py");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let mut child = Command::new(&python)
+            .arg(&script)
+            .arg(port.to_string())
+            .arg(version)
+            .arg(streaming.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()));
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        if let Some(stdout) = child.stdout.take() {
+            let kept = received.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) {
+                        kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(value);
+                    }
+                }
+            });
+        }
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(started.elapsed() < Duration::from_secs(30), "the A2A agent did not listen within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Some(Self { _child: child, url: format!("http://127.0.0.1:{port}"), received })
+    }
+
+    /// The messages it received so far, as the SDK read them.
+    pub fn received(&self) -> Vec<serde_json::Value> {
+        self.received.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}

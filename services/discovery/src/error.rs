@@ -62,6 +62,14 @@ pub enum DiscoveryError {
         /// What went wrong.
         reason: String,
     },
+    /// An A2A agent's card could not be read.
+    #[error("cannot read the Agent Card of A2A agent `{agent}`: {reason}")]
+    A2aAgent {
+        /// The agent.
+        agent: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The database cannot be reached and nothing cached can answer.
     #[error("the agent registry database is unavailable: {0}")]
     Unavailable(String),
@@ -117,7 +125,7 @@ impl DiscoveryError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::TooManyWatchStreams(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PermissionDenied { .. } => StatusCode::FORBIDDEN,
-            Self::McpServer { .. } => StatusCode::BAD_GATEWAY,
+            Self::McpServer { .. } | Self::A2aAgent { .. } => StatusCode::BAD_GATEWAY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -140,6 +148,7 @@ impl DiscoveryError {
             Self::TooManyWatchStreams(limit) => ("too_many_watch_streams", Some(json!({"max_watch_streams": limit}))),
             Self::PermissionDenied { agent, .. } => ("permission_denied", Some(json!({"agent_id": agent}))),
             Self::McpServer { agent, .. } => ("mcp_server_unreachable", Some(json!({"agent_id": agent}))),
+            Self::A2aAgent { agent, .. } => ("a2a_agent_unreachable", Some(json!({"agent_id": agent}))),
             Self::Unavailable(_) => ("unavailable", None),
             Self::Internal(_) => ("internal_error", None),
         };
@@ -176,7 +185,9 @@ impl From<DiscoveryError> for tonic::Status {
             DiscoveryError::NotFound(_) => tonic::Status::not_found(message),
             DiscoveryError::TooManyWatchStreams(_) => tonic::Status::resource_exhausted(message),
             DiscoveryError::PermissionDenied { .. } => tonic::Status::permission_denied(message),
-            DiscoveryError::McpServer { .. } | DiscoveryError::Unavailable(_) => tonic::Status::unavailable(message),
+            DiscoveryError::McpServer { .. } | DiscoveryError::A2aAgent { .. } | DiscoveryError::Unavailable(_) => {
+                tonic::Status::unavailable(message)
+            }
             DiscoveryError::Internal(_) => tonic::Status::internal(message),
         }
     }

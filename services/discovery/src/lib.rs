@@ -4,6 +4,7 @@
 //! [`serve`] binds the configured address; [`serve_with_listener`] takes a
 //! listener bound by the caller (tests bind `127.0.0.1:0`).
 
+pub mod a2a;
 pub mod cache;
 pub mod convert;
 pub mod encoded;

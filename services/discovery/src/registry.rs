@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_core::{
-    AgentDefinition, AgentRecord, CapabilityQuery, CatalogPage, FieldError, HealthPolicy, HealthStatus, ReportedStatus,
-    Transport, validate_definition,
+    AgentDefinition, AgentRecord, Capability, CapabilityQuery, CatalogPage, FieldError, HealthPolicy, HealthStatus,
+    ReportedStatus, Transport, validate_definition,
 };
 use agentmesh_server::Principal;
 use agentmesh_store::{AgentStore, CatalogChange};
@@ -59,6 +59,7 @@ pub struct Registry {
     events: broadcast::Sender<CatalogEvent>,
     store_healthy: watch::Sender<bool>,
     mcp: crate::mcp::Importer,
+    a2a: crate::a2a::CardReader,
     /// Agents whose MCP server said its tools changed (taken by the
     /// background task).
     mcp_changes: std::sync::Mutex<Option<mpsc::Receiver<String>>>,
@@ -72,6 +73,7 @@ impl Registry {
         let (mcp, mcp_changes) = crate::mcp::Importer::new();
         Self {
             mcp,
+            a2a: crate::a2a::CardReader::default(),
             mcp_changes: std::sync::Mutex::new(Some(mcp_changes)),
             cache: Arc::new(CatalogCache::new(store.clone(), cache_ttl, metrics.clone())),
             store,
@@ -143,18 +145,22 @@ impl Registry {
             self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
             return Err(DiscoveryError::Validation(errors));
         }
-        if definition.transport == Transport::Mcp {
+        if definition.transport.is_imported() {
             if !(definition.reasoners.is_empty() && definition.skills.is_empty()) {
                 self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
+                let message = if definition.transport == Transport::Mcp {
+                    "an mcp agent's capabilities are its server's tools (tools/list): leave reasoners and skills out"
+                } else {
+                    "an a2a agent's capabilities are its Agent Card's skills: leave reasoners and skills out"
+                };
                 return Err(DiscoveryError::Validation(vec![FieldError {
                     field: "skills".into(),
-                    message: "an mcp agent's capabilities are its server's tools (tools/list): leave reasoners and skills out".into(),
+                    message: message.into(),
                 }]));
             }
             self.authorize(principal, &definition.id, true).await?;
-            definition.skills = self.mcp.skills(&definition).await.map_err(|reason| {
+            definition.skills = self.imported_skills(&definition).await.inspect_err(|_| {
                 self.metrics.writes.with_label_values(&["register", "error"]).inc();
-                DiscoveryError::McpServer { agent: definition.id.clone(), reason }
             })?;
             if let Err(errors) = validate_definition(&definition) {
                 self.metrics.writes.with_label_values(&["register", "invalid"]).inc();
@@ -299,13 +305,26 @@ impl Registry {
     /// `store_check_interval`; they stop when `shutdown` resolves.
     pub fn spawn_background(self: &Arc<Self>, shutdown: watch::Receiver<bool>, store_check_interval: Duration) {
         tokio::spawn(self.clone().follow_changes(shutdown.clone()));
-        tokio::spawn(self.clone().refresh_mcp(shutdown.clone()));
+        tokio::spawn(self.clone().refresh_imported(shutdown.clone()));
         tokio::spawn(self.clone().watch_store(shutdown, store_check_interval));
     }
 
-    /// Lists the MCP agents' tools at every heartbeat interval, and an
-    /// agent's as soon as its server says they changed.
-    async fn refresh_mcp(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    /// The capabilities an MCP or A2A agent offers now: its server's
+    /// tools, its card's skills.
+    async fn imported_skills(&self, definition: &AgentDefinition) -> Result<Vec<Capability>, DiscoveryError> {
+        let agent = definition.id.clone();
+        match definition.transport {
+            Transport::A2a => {
+                self.a2a.skills(definition).await.map_err(|reason| DiscoveryError::A2aAgent { agent, reason })
+            }
+            _ => self.mcp.skills(definition).await.map_err(|reason| DiscoveryError::McpServer { agent, reason }),
+        }
+    }
+
+    /// Lists the MCP agents' tools and reads the A2A agents' cards at every
+    /// heartbeat interval, and an MCP agent's tools as soon as its server
+    /// says they changed.
+    async fn refresh_imported(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let Some(mut changes) = self.mcp_changes.lock().ok().and_then(|mut c| c.take()) else {
             return;
         };
@@ -327,20 +346,21 @@ impl Registry {
             self.mcp.retain(&registered).await;
             let due = agents
                 .iter()
-                .filter(|a| a.record.definition.transport == Transport::Mcp)
+                .filter(|a| a.record.definition.transport.is_imported())
                 .filter(|a| only.as_deref().is_none_or(|id| id == a.record.id()));
             futures_util::future::join_all(due.map(|a| self.refresh_one(&a.record))).await;
         }
     }
 
-    /// Lists one MCP agent's tools: a new list is stored (a registration),
-    /// the same list counts as a heartbeat, no answer as nothing.
+    /// Lists one MCP agent's tools (reads one A2A agent's card): a new list
+    /// is stored (a registration), the same list counts as a heartbeat, no
+    /// answer as nothing.
     async fn refresh_one(&self, record: &AgentRecord) {
         let id = record.id();
-        let skills = match self.mcp.skills(&record.definition).await {
+        let skills = match self.imported_skills(&record.definition).await {
             Ok(skills) => skills,
-            Err(reason) => {
-                tracing::warn!(agent_id = id, %reason, "an MCP agent's tools could not be listed");
+            Err(error) => {
+                tracing::warn!(agent_id = id, %error, "an agent's capabilities could not be read from it");
                 return;
             }
         };
@@ -349,7 +369,7 @@ impl Registry {
             match self.store.heartbeat(id, ReportedStatus::Active, now).await {
                 Ok(Some(_)) => self.cache.heartbeat(id, ReportedStatus::Active, now.timestamp_millis()),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(agent_id = id, error = %e, "an MCP agent's heartbeat was not stored"),
+                Err(e) => tracing::warn!(agent_id = id, error = %e, "an imported agent's heartbeat was not stored"),
             }
             return;
         }
@@ -359,16 +379,20 @@ impl Registry {
             tracing::warn!(
                 agent_id = id,
                 ?errors,
-                "an MCP agent's new tool list is not a valid registration; kept the old one"
+                "an imported agent's new capabilities are not a valid registration; kept the old ones"
             );
             return;
         }
         match self.store.register(&definition, Utc::now()).await {
             Ok(registered) => {
                 self.cache.upsert(registered.record);
-                tracing::info!(agent_id = id, capabilities = definition.skills.len(), "an MCP agent's tools changed");
+                tracing::info!(
+                    agent_id = id,
+                    capabilities = definition.skills.len(),
+                    "an imported agent's capabilities changed"
+                );
             }
-            Err(e) => tracing::warn!(agent_id = id, error = %e, "an MCP agent's new tools were not stored"),
+            Err(e) => tracing::warn!(agent_id = id, error = %e, "an imported agent's new capabilities were not stored"),
         }
     }
 

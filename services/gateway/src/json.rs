@@ -134,6 +134,49 @@ pub fn message(m: &pb::OrchestrateResponse) -> (&'static str, Value) {
     (name, data)
 }
 
+/// One line saying what a message is, from its JSON form (`kind` and
+/// the payload under it), for callers that show progress as text.
+pub fn describe(kind: &str, payload: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    match kind {
+        "plan_created" => {
+            let steps: Vec<String> = payload["plan"]["steps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| format!("{} {}:{}", text(&s["step_id"]), text(&s["agent"]), text(&s["capability"])))
+                .collect();
+            if steps.is_empty() {
+                format!("plan: no step ({})", text(&payload["zero_step_reason"]))
+            } else {
+                format!("plan: {}", steps.join(", "))
+            }
+        }
+        "execution_event" => {
+            let mut line = text(&payload["kind"]);
+            for (key, separator) in [("step_id", " "), ("error", ": ")] {
+                if let Some(value) = payload[key].as_str().filter(|v| !v.is_empty()) {
+                    line.push_str(separator);
+                    line.push_str(value);
+                }
+            }
+            if let Some(message) = payload["progress"]["message"].as_str() {
+                line.push_str(": ");
+                line.push_str(message);
+            }
+            line
+        }
+        "synthesis_chunk" => format!("answer: {}", text(&payload["text"])),
+        "review" => format!(
+            "review: goal {}",
+            if payload["goal_achieved"].as_bool() == Some(true) { "achieved" } else { "not achieved" }
+        ),
+        "final_answer" => "answered".into(),
+        "error" => format!("error in {}: {}", text(&payload["service"]), text(&payload["message"])),
+        other => other.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

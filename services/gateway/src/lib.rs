@@ -5,6 +5,7 @@
 //! server-sent events) on the same port, beside `/metrics`, `/healthz` and
 //! `/readyz`.
 
+pub mod a2a;
 pub mod console;
 pub mod events;
 pub mod json;
@@ -63,6 +64,9 @@ pub struct GatewayConfig {
     pub console: bool,
     /// Serve MCP at `/mcp` (streamable HTTP): the tool `ask` orchestrates.
     pub mcp: bool,
+    /// Serve A2A: the Agent Card at `/.well-known/agent-card.json`, and
+    /// `/a2a` (JSON-RPC, protocol 1.0 and 0.3), where a message orchestrates.
+    pub a2a: bool,
     /// Where the console links a trace id, `{trace_id}` replaced (Jaeger's
     /// UI by default); empty: no link.
     pub console_trace_url: String,
@@ -83,6 +87,7 @@ impl Default for GatewayConfig {
             discovery_url: "http://127.0.0.1:7400".into(),
             console: true,
             mcp: true,
+            a2a: true,
             console_trace_url: "http://localhost:16686/trace/{trace_id}".into(),
         }
     }
@@ -115,7 +120,7 @@ impl GatewayConfig {
 /// services and operators; the console's pages and assets anyone (the JSON
 /// they read is checked like any call).
 fn access(method: &axum::http::Method, path: &str) -> agentmesh_server::auth::Access {
-    if console::is_public(path) {
+    if console::is_public(path) || a2a::is_public(path) {
         return agentmesh_server::auth::Access::Public;
     }
     agentmesh_server::auth::mesh_callers(method, path)
@@ -171,11 +176,19 @@ pub async fn serve_with_listener(
     if config.mcp {
         rest = rest.merge(mcp::router(shared.clone()));
     }
+    let discovery = DiscoveryServiceClient::new(traced(channel("discovery", &config.discovery_url)?));
+    if config.a2a {
+        rest = rest.merge(a2a::router(Arc::new(a2a::A2a {
+            shared: shared.clone(),
+            discovery: discovery.clone(),
+            tls: config.service.tls_cert_file.is_some(),
+        })));
+    }
     if config.console {
         rest = rest.merge(console::router(Arc::new(console::Console {
             executor: shared.clients.executor.clone(),
             planner: shared.clients.planner.clone(),
-            discovery: DiscoveryServiceClient::new(traced(channel("discovery", &config.discovery_url)?)),
+            discovery,
             trace_url: config.console_trace_url.clone(),
         })));
     }

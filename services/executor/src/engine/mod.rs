@@ -31,6 +31,7 @@ use crate::convert::event_from_row;
 use crate::credentials::AgentCredentials;
 use crate::error::ExecutorError;
 use crate::metrics::Metrics;
+use crate::transport::a2a::A2aTransport;
 use crate::transport::grpc::GrpcTransport;
 use crate::transport::http::HttpTransport;
 use crate::transport::mcp::McpTransport;
@@ -73,6 +74,7 @@ pub struct Engine {
     pub(crate) http: HttpTransport,
     pub(crate) grpc: GrpcTransport,
     pub(crate) mcp: McpTransport,
+    pub(crate) a2a: A2aTransport,
     pub(crate) credentials: AgentCredentials,
     pub(crate) breakers: Breakers,
     pub(crate) planner: Option<PlannerServiceClient<TracedChannel>>,
@@ -133,6 +135,7 @@ impl Engine {
             hub,
             catalog: parts.catalog,
             mcp: McpTransport::new(parts.http.client(), parts.http.egress()),
+            a2a: A2aTransport::new(parts.http.client(), parts.http.egress()),
             http: parts.http,
             grpc: parts.grpc,
             credentials: parts.credentials,

@@ -178,6 +178,7 @@ async fn attempt_once(
         agentmesh_core::Transport::Http => &engine.http,
         agentmesh_core::Transport::Grpc => &engine.grpc,
         agentmesh_core::Transport::Mcp => &engine.mcp,
+        agentmesh_core::Transport::A2a => &engine.a2a,
     };
     // A step error names the agent's address: never with its password or
     // a secret query parameter, whatever the transport wrote, nor with the

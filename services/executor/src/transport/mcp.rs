@@ -108,7 +108,7 @@ impl AgentTransport for McpTransport {
                 call.timeout.as_millis()
             ))
         })??;
-        let meta = agentmesh_mcp::call_meta(&traceparent(call), call.request_id);
+        let meta = agentmesh_mcp::call_meta(&super::traceparent(call), call.request_id);
         let tool = &call.target.endpoint;
         let left = call.timeout.saturating_sub(started.elapsed()).max(std::time::Duration::from_millis(1));
         let (reports, mut reported) = tokio::sync::mpsc::channel(16);
@@ -162,12 +162,4 @@ impl AgentTransport for McpTransport {
             }
         }
     }
-}
-
-/// The trace context to send: this step's span when the executor exports
-/// traces, else the one the execution was started in.
-fn traceparent(call: &Call<'_>) -> String {
-    let mut headers = http::HeaderMap::new();
-    agentmesh_telemetry::propagation::inject(&tracing::Span::current(), None, &mut headers);
-    headers.get("traceparent").and_then(|v| v.to_str().ok()).map_or_else(|| call.traceparent.to_owned(), str::to_owned)
 }

@@ -1,7 +1,9 @@
-//! How a step reaches its agent: HTTP ([`http::HttpTransport`]) or the
-//! gRPC `AgentService` ([`grpc::GrpcTransport`]), at the address discovery
+//! How a step reaches its agent: HTTP ([`http::HttpTransport`]), the
+//! gRPC `AgentService` ([`grpc::GrpcTransport`]), MCP ([`mcp::McpTransport`])
+//! or A2A ([`a2a::A2aTransport`]), at the address discovery
 //! holds for the agent at dispatch time, never one taken from a plan.
 
+pub mod a2a;
 pub mod grpc;
 pub mod http;
 pub mod mcp;
@@ -131,6 +133,14 @@ impl Failure {
 pub trait AgentTransport: Send + Sync {
     /// Makes one attempt.
     async fn invoke(&self, call: &Call<'_>) -> Result<Reply, Failure>;
+}
+
+/// The trace context to send: this step's span when the executor exports
+/// traces, else the one the execution was started in.
+pub(crate) fn traceparent(call: &Call<'_>) -> String {
+    let mut headers = ::http::HeaderMap::new();
+    agentmesh_telemetry::propagation::inject(&tracing::Span::current(), None, &mut headers);
+    headers.get("traceparent").and_then(|v| v.to_str().ok()).map_or_else(|| call.traceparent.to_owned(), str::to_owned)
 }
 
 /// An agent's answer body: either the output itself, or an envelope
