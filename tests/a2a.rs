@@ -234,9 +234,104 @@ async fn the_a2a_sdk_client_asks_the_mesh_in_1_0_and_0_3() {
     // Sent without waiting, then cancelled while its step ran: the execution is cancelled.
     assert!(matches!(seen["started"].as_str(), Some("TASK_STATE_SUBMITTED" | "TASK_STATE_WORKING")), "{seen}");
     assert_eq!(seen["cancel"], "TASK_STATE_CANCELED", "{seen}");
+    assert_eq!(seen["cancelled_later"], "TASK_STATE_CANCELED", "read back, it stays cancelled: {seen}");
     let mut executor = mesh.executor().await;
     let listed = executor.list_executions(pb::ListExecutionsRequest::default()).await.unwrap().into_inner();
     let states: Vec<i32> = listed.executions.iter().map(|e| e.status).collect();
     assert!(states.contains(&(pb::ExecutionStatus::Cancelled as i32)), "{states:?}");
     assert!(seen["missing"].as_str().is_some_and(|m| m.contains("no task")), "{seen}");
+}
+
+async fn rpc(base: &str, token: Option<&str>, version: &str, body: Value) -> (u16, Value) {
+    let mut request =
+        agentmesh_testkit::http_client().post(format!("{base}/a2a")).header("A2A-Version", version).json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_authentication_the_card_shows_only_ask_and_tasks_are_their_callers() {
+    use agentmesh_testkit::{Answer, Behavior, FakeAgent};
+    let dir = std::env::temp_dir().join(format!("agentmesh-a2a-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens.toml");
+    let (service, operator, shop, billing) = ("svc-tok-3", "op-tok-3", "shop-tok-3", "billing-tok-3");
+    let entries = [
+        ("mesh", "service", service),
+        ("ops", "operator", operator),
+        ("shop", "client", shop),
+        ("billing", "client", billing),
+    ];
+    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
+    let replies = vec![
+        ScriptedReply::openai_content(
+            &json!({"steps": [{"step_id": "s1", "agent": "weather", "capability": "get_current_weather",
+                "instruction": "Weather in Chicago", "parameters": {"location": "Chicago"}, "depends_on": []}],
+                "reasoning": "one lookup"})
+            .to_string(),
+        ),
+        ScriptedReply::openai_stream(&["It is 21 °C in Chicago."]),
+        review(),
+    ];
+    let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, options).await else { return };
+    let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])
+        .await
+        .unwrap();
+    mesh.register(&agent.registration("weather", &[("get_current_weather", None)])).await;
+    let base = format!("http://{}", mesh.gateway);
+
+    // The public card needs no token and shows no catalog.
+    let card: Value = agentmesh_testkit::http_client()
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["skills"].as_array().unwrap().len(), 1, "{card}");
+    assert_eq!(card["skills"][0]["id"], "ask");
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true);
+    // `/a2a` needs one; the extended card lists the catalog as the caller sees it.
+    let (status, _) =
+        rpc(&base, None, "1.0", json!({"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard"})).await;
+    assert_eq!(status, 401);
+    let (_, extended) =
+        rpc(&base, Some(shop), "1.0", json!({"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard"})).await;
+    let skills: Vec<&str> =
+        extended["result"]["skills"].as_array().unwrap().iter().filter_map(|s| s["id"].as_str()).collect();
+    assert_eq!(skills, ["ask", "weather.get_current_weather"], "{extended}");
+
+    let send = json!({"jsonrpc": "2.0", "id": "a", "method": "SendMessage", "params": {"message": {
+        "messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "What is the weather in Chicago?"}]}}});
+    let (_, sent) = rpc(&base, Some(shop), "1.0", send).await;
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "It is 21 °C in Chicago.");
+    let id = task["id"].as_str().unwrap();
+    // Read back in 0.3 by its caller; another client does not find it.
+    let get = |method: &str| json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": {"id": id}});
+    let (_, own) = rpc(&base, Some(shop), "0.3", get("tasks/get")).await;
+    assert_eq!((&own["result"]["kind"], &own["result"]["status"]["state"]), (&json!("task"), &json!("completed")));
+    let (_, other) = rpc(&base, Some(billing), "1.0", get("GetTask")).await;
+    assert_eq!(other["error"]["code"], -32001, "{other}");
+    let (_, other) = rpc(&base, Some(billing), "1.0", get("CancelTask")).await;
+    assert_eq!(other["error"]["code"], -32001, "{other}");
+    // An ended task cannot be cancelled.
+    let (_, ended) = rpc(&base, Some(shop), "1.0", get("CancelTask")).await;
+    assert_eq!(ended["error"]["code"], -32002, "{ended}");
+    // Wrong calls get JSON-RPC's answers.
+    let (_, unknown) = rpc(&base, Some(shop), "1.0", json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/list"})).await;
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    let (_, version) = rpc(&base, Some(shop), "2.0", get("GetTask")).await;
+    assert_eq!(version["error"]["code"], -32009, "{version}");
+    let empty = json!({"jsonrpc": "2.0", "id": 4, "method": "SendMessage", "params": {"message": {
+        "messageId": "m2", "role": "ROLE_USER", "parts": []}}});
+    let (_, empty) = rpc(&base, Some(shop), "1.0", empty).await;
+    assert_eq!(empty["error"]["code"], -32602, "{empty}");
 }

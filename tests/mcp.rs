@@ -286,3 +286,64 @@ async fn the_official_python_client_asks_the_mesh_over_mcp() {
     assert!(progress.contains(&"answer: 21 °C in Chicago."), "{progress:?}");
     assert_eq!(agent.calls_to("get_current_weather").len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_are_tools_on_the_meshs_mcp_when_enabled() {
+    let Some(python) = interop::python("the capability tools test") else { return };
+    let options = Options { mcp_capability_tools: true, ..Options::default() };
+    let Some(mesh) = Mesh::start(Backend::Sqlite, Vec::new(), options).await else { return };
+    let agent = agentmesh_testkit::FakeAgent::start(vec![
+        (
+            "get_current_weather",
+            agentmesh_testkit::Behavior::Always(agentmesh_testkit::Answer::ok(json!({"temp_c": 21}))),
+        ),
+        (
+            "book_table",
+            agentmesh_testkit::Behavior::Always(agentmesh_testkit::Answer::ok(
+                json!({"error": "no table free", "retryable": false}),
+            )),
+        ),
+    ])
+    .await
+    .unwrap();
+    let schema = json!({"type": "object", "properties": {"temp_c": {"type": "number"}}});
+    mesh.register(&agent.registration("weather", &[("get_current_weather", Some(schema)), ("book_table", None)])).await;
+
+    let script =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("interop/ask_mesh.py")).unwrap();
+    let url = format!("http://{}/mcp", mesh.gateway);
+    let call = |tool: &'static str| {
+        let (python, script, url) = (python.clone(), script.clone(), url.clone());
+        async move {
+            let out = interop::run_python(&python, &script, &["tool", &url, tool, r#"{"location": "Chicago"}"#]).await;
+            serde_json::from_str::<Value>(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+        }
+    };
+    let out = call("weather.get_current_weather").await;
+    let tools: Vec<&str> = out["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(tools, ["ask", "weather.get_current_weather", "weather.book_table"], "{out}");
+    // The capability's output schema is the tool's.
+    assert_eq!((&out["tools"][1]["output_schema"], &out["tools"][2]["output_schema"]), (&json!(true), &json!(false)));
+    assert_eq!(out["is_error"], false, "{out}");
+    assert_eq!(out["structured"], json!({"temp_c": 21}));
+    let progress: Vec<&str> = out["progress"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(progress.contains(&"step_succeeded s1"), "{progress:?}");
+    // Run by the executor: an execution of one step, named in `_meta`.
+    let execution_id = out["meta"]["dev.agentmesh/execution_id"].as_str().unwrap().to_owned();
+    let mut executor = mesh.executor().await;
+    let execution = executor
+        .get_execution(pb::GetExecutionRequest { execution_id: execution_id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(execution.status, pb::ExecutionStatus::Completed as i32, "{execution:?}");
+    assert_eq!(agent.calls_to("get_current_weather").len(), 1);
+    assert!(agent.calls_to("get_current_weather")[0].body.to_string().contains("Chicago"));
+
+    // A step that fails is a tool error with the step's error.
+    let out = call("weather.book_table").await;
+    assert_eq!(out["is_error"], true, "{out}");
+    assert!(out["text"].as_str().unwrap().contains("no table free"), "{out}");
+}

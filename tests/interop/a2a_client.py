@@ -103,6 +103,8 @@ async def main(base_url):
             await asyncio.sleep(0.1)
         cancelled = await plain.cancel_task(CancelTaskRequest(id=task.id))
         seen["cancel"] = TaskState.Name(cancelled.status.state)
+        await asyncio.sleep(0.5)
+        seen["cancelled_later"] = TaskState.Name((await plain.get_task(GetTaskRequest(id=task.id))).status.state)
         try:
             await plain.get_task(GetTaskRequest(id="req_does_not_exist"))
             seen["missing"] = "found"

@@ -66,6 +66,8 @@ pub struct Options {
     pub auth: Option<(std::path::PathBuf, String, String)>,
     /// Discovery's `heartbeat_interval_secs` (default 10).
     pub heartbeat_interval_secs: Option<f64>,
+    /// Offer the catalog's capabilities as tools on the gateway's `/mcp`.
+    pub mcp_capability_tools: bool,
 }
 
 async fn spawn<F>(serve: impl FnOnce(tokio::net::TcpListener) -> F) -> (SocketAddr, Task)
@@ -160,6 +162,7 @@ impl Mesh {
             synthesis_url: format!("http://{synthesis}"),
             resume_grace_secs: options.resume_grace_secs.unwrap_or(30.0),
             discovery_url: discovery.url(),
+            mcp_capability_tools: options.mcp_capability_tools,
             ..GatewayConfig::with_database_url(db.url.clone())
         };
         secure(&mut gateway_config.service);

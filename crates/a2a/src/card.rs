@@ -113,10 +113,10 @@ pub async fn fetch(http: &reqwest::Client, base_url: &str, timeout: Duration) ->
     if !status.is_success() {
         return Err(unreachable(format!("HTTP {status}")));
     }
-    let body = response.bytes().await.map_err(|e| unreachable(agentmesh_telemetry::http::error_chain(&e)))?;
-    if body.len() > MAX_CARD_BYTES {
-        return Err(CardError::Invalid { url, reason: format!("larger than {MAX_CARD_BYTES} bytes") });
-    }
+    let body = crate::client::read_body(response, MAX_CARD_BYTES).await.map_err(|e| match e {
+        crate::client::ReadError::Cut(_) => unreachable(e.to_string()),
+        crate::client::ReadError::TooLarge(_) => CardError::Invalid { url: url.clone(), reason: e.to_string() },
+    })?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| CardError::Invalid { url: url.clone(), reason: format!("not JSON: {e}") })?;
     read(&value, &url).map_err(|reason| CardError::Invalid { url, reason })

@@ -17,8 +17,14 @@ pub const REQUEST_ID_METADATA: &str = "dev.agentmesh/request_id";
 /// The metadata key naming the skill the mesh chose.
 pub const SKILL_METADATA: &str = "dev.agentmesh/skill";
 
-/// Largest answer read (a whole answer, or one streamed event).
+/// Largest answer read.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Largest stream read.
+const MAX_STREAM_BYTES: usize = 64 << 20;
+
+/// Most of an error answer's body read.
+const MAX_ERROR_BYTES: usize = 4 << 10;
 
 /// One message to one agent.
 #[derive(Debug, Clone)]
@@ -72,8 +78,10 @@ pub enum CallError {
         message: String,
     },
     /// The agent answered with a JSON-RPC error.
-    #[error("the A2A agent refused the message ({code}): {message}")]
+    #[error("the A2A agent answered {method} with an error ({code}): {message}")]
     Rpc {
+        /// The method called.
+        method: String,
         /// The JSON-RPC error code.
         code: i64,
         /// Its message.
@@ -121,29 +129,33 @@ async fn exchange(
     if version == Version::V03 {
         params["configuration"] = json!({"blocking": true});
     }
-    let body = wire::request(&json!(new_id()), version.send_method(send.streaming), params);
+    let method = version.send_method(send.streaming);
+    let body = wire::request(&json!(new_id()), method, params);
     let response = post(http, send, &body, send.streaming).await?;
     let first = if send.streaming {
-        follow_stream(response, on_event).await?
+        follow_stream(response, method, on_event).await?
     } else {
-        let event = read_event(&read_json(response).await?)?;
+        let event = read_event(&read_json(response).await?, method)?;
         on_event(&event);
         Some(event)
     };
     let mut task = match first {
         Some(Event::Message(message)) => return Ok(Outcome::Message(message)),
         Some(Event::Task(task)) => task,
-        Some(_) | None => return Err(CallError::Invalid("the agent named no task and sent no message".into())),
+        Some(_) | None => {
+            return Err(CallError::Invalid(format!("{method} was answered with neither a task nor a message")));
+        }
     };
     // The agent answered before the task ended: ask again until it does.
     let mut pause = Duration::from_millis(100);
     while !task.state.is_final() {
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
-        let body = wire::request(&json!(new_id()), version.get_task_method(), json!({"id": task.id}));
+        let method = version.get_task_method();
+        let body = wire::request(&json!(new_id()), method, json!({"id": task.id}));
         let value = read_json(post(http, send, &body, false).await?).await?;
-        let result = rpc_result(&value)?;
-        task = Task::read(&result).ok_or_else(|| CallError::Invalid(format!("GetTask answered no task: {result}")))?;
+        let result = rpc_result(&value, method)?;
+        task = Task::read(&result).ok_or_else(|| CallError::Invalid(format!("{method} answered no task: {result}")))?;
         on_event(&Event::Task(task.clone()));
     }
     Ok(Outcome::Task(task))
@@ -176,27 +188,51 @@ async fn post(
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| agentmesh_telemetry::http::parse_retry_after(v, chrono::Utc::now()));
-    let text = response.text().await.unwrap_or_default();
-    Err(CallError::Refused { status: status.as_u16(), retry_after, message: text.chars().take(300).collect() })
+    let body = match read_body(response, MAX_ERROR_BYTES).await {
+        Ok(body) => String::from_utf8_lossy(&body).chars().take(300).collect(),
+        Err(e) => e.to_string(),
+    };
+    Err(CallError::Refused { status: status.as_u16(), retry_after, message: body })
 }
 
-async fn read_json(response: reqwest::Response) -> Result<Value, CallError> {
+/// Reads a body of at most `max` bytes.
+pub(crate) async fn read_body(response: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
     let mut body = Vec::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| CallError::Lost(agentmesh_telemetry::http::error_chain(&e)))?;
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(CallError::Invalid(format!("the answer is larger than {MAX_ANSWER_BYTES} bytes")));
+        let chunk = chunk.map_err(|e| ReadError::Cut(agentmesh_telemetry::http::error_chain(&e)))?;
+        if body.len() + chunk.len() > max {
+            return Err(ReadError::TooLarge(max));
         }
         body.extend_from_slice(&chunk);
     }
+    Ok(body)
+}
+
+/// Why a body was not read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// The connection broke.
+    #[error("the answer was cut: {0}")]
+    Cut(String),
+    /// Past the limit.
+    #[error("the answer is larger than {0} bytes")]
+    TooLarge(usize),
+}
+
+async fn read_json(response: reqwest::Response) -> Result<Value, CallError> {
+    let body = read_body(response, MAX_ANSWER_BYTES).await.map_err(|e| match e {
+        ReadError::Cut(_) => CallError::Lost(e.to_string()),
+        ReadError::TooLarge(_) => CallError::Invalid(e.to_string()),
+    })?;
     serde_json::from_slice(&body).map_err(|e| CallError::Invalid(format!("not JSON: {e}")))
 }
 
 /// The `result` of a JSON-RPC answer, or its error.
-fn rpc_result(answer: &Value) -> Result<Value, CallError> {
+fn rpc_result(answer: &Value, method: &str) -> Result<Value, CallError> {
     if let Some(error) = answer.get("error").filter(|e| !e.is_null()) {
         return Err(CallError::Rpc {
+            method: method.to_owned(),
             code: error.get("code").and_then(Value::as_i64).unwrap_or(wire::code::INTERNAL),
             message: error.get("message").and_then(Value::as_str).unwrap_or("no message").to_owned(),
         });
@@ -204,8 +240,8 @@ fn rpc_result(answer: &Value) -> Result<Value, CallError> {
     answer.get("result").cloned().ok_or_else(|| CallError::Invalid("a JSON-RPC answer without a result".into()))
 }
 
-fn read_event(answer: &Value) -> Result<Event, CallError> {
-    let result = rpc_result(answer)?;
+fn read_event(answer: &Value, method: &str) -> Result<Event, CallError> {
+    let result = rpc_result(answer, method)?;
     Event::read(&result).ok_or_else(|| {
         let shown: String = result.to_string().chars().take(300).collect();
         CallError::Invalid(format!("not a task, a message or a task update: {shown}"))
@@ -213,37 +249,42 @@ fn read_event(answer: &Value) -> Result<Event, CallError> {
 }
 
 /// Reads a task's stream until it ends, folding the updates into the
-/// task; a stream that stops before the task ends gives the task as far
-/// as it got (it is then read again).
+/// task. A stream that stops (or is cut) before the task ends gives the
+/// task as far as it got, which is then read again; one that is cut
+/// before naming a task is a lost exchange.
 async fn follow_stream(
     response: reqwest::Response,
+    method: &str,
     on_event: &mut (dyn FnMut(&Event) + Send),
 ) -> Result<Option<Event>, CallError> {
-    let mut events = sse_stream::SseByteStream::new(Box::pin(response.bytes_stream()));
+    let mut seen = 0_usize;
+    let body = response.bytes_stream().map(move |chunk| {
+        let chunk = chunk.map_err(|e| std::io::Error::other(agentmesh_telemetry::http::error_chain(&e)))?;
+        seen += chunk.len();
+        if seen > MAX_STREAM_BYTES {
+            return Err(std::io::Error::other(format!("the stream passed {MAX_STREAM_BYTES} bytes")));
+        }
+        Ok(chunk)
+    });
+    let mut events = sse_stream::SseByteStream::new(Box::pin(body));
     let mut task: Option<Task> = None;
     while let Some(event) = events.next().await {
-        let event = event.map_err(|e| CallError::Lost(format!("the stream was cut: {e}")))?;
+        let event = match event {
+            Ok(event) => event,
+            Err(_) if task.as_ref().is_some_and(|t| !t.id.is_empty()) => break,
+            Err(e) => return Err(CallError::Lost(format!("the stream was cut before the agent named a task: {e}"))),
+        };
         let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else { continue };
-        if data.len() > MAX_ANSWER_BYTES {
-            return Err(CallError::Invalid(format!("an event is larger than {MAX_ANSWER_BYTES} bytes")));
-        }
         let answer: Value =
             serde_json::from_str(&data).map_err(|e| CallError::Invalid(format!("an event is not JSON: {e}")))?;
-        let event = read_event(&answer)?;
+        let event = read_event(&answer, method)?;
         on_event(&event);
         match event {
             Event::Message(message) if task.is_none() => return Ok(Some(Event::Message(message))),
             Event::Message(_) => {}
             Event::Task(whole) => task = Some(whole),
             Event::Status { task_id, context_id, state, message, last } => {
-                let current = task.get_or_insert_with(|| Task {
-                    id: task_id,
-                    context_id,
-                    state,
-                    status_message: None,
-                    timestamp: None,
-                    artifacts: Vec::new(),
-                });
+                let current = task.get_or_insert_with(|| Task::new(task_id, context_id));
                 current.state = state;
                 current.status_message = message;
                 if last || state.is_final() {
@@ -251,22 +292,32 @@ async fn follow_stream(
                 }
             }
             Event::Artifact { task_id, context_id, artifact, append } => {
-                let current = task.get_or_insert_with(|| Task {
-                    id: task_id,
-                    context_id,
-                    state: State::Working,
-                    status_message: None,
-                    timestamp: None,
-                    artifacts: Vec::new(),
-                });
-                match current.artifacts.iter_mut().find(|a| append && a.artifact_id == artifact.artifact_id) {
-                    Some(known) => known.parts.extend(artifact.parts),
-                    None => current.artifacts.push(artifact),
-                }
+                let current = task.get_or_insert_with(|| Task::new(task_id, context_id));
+                fold_artifact(&mut current.artifacts, artifact, append);
             }
         }
     }
-    Ok(task.map(Event::Task))
+    match task {
+        Some(task) => Ok(Some(Event::Task(task))),
+        None => Err(CallError::Lost("the stream ended before the agent named a task".into())),
+    }
+}
+
+/// Takes in an artifact update: appended to the artifact of the same id
+/// (text running on in the same text part), else replacing it, else added.
+pub fn fold_artifact(artifacts: &mut Vec<wire::Artifact>, artifact: wire::Artifact, append: bool) {
+    match artifacts.iter_mut().find(|a| a.artifact_id == artifact.artifact_id) {
+        Some(known) if append => {
+            for part in artifact.parts {
+                match (known.parts.last_mut(), part) {
+                    (Some(Part::Text(text)), Part::Text(more)) => text.push_str(&more),
+                    (_, part) => known.parts.push(part),
+                }
+            }
+        }
+        Some(known) => *known = artifact,
+        None => artifacts.push(artifact),
+    }
 }
 
 /// What an ended exchange means for the step that sent it.
@@ -413,5 +464,19 @@ mod tests {
         );
         let mixed = output(&[Part::Text("a".into()), Part::Data(json!([1])), Part::Text("b".into())]);
         assert_eq!(mixed, json!({"text": "a\nb", "data": [[1]]}));
+    }
+
+    #[test]
+    fn streamed_artifacts_append_and_replace() {
+        let piece = |text: &str| Artifact { artifact_id: "a".into(), name: None, parts: vec![Part::Text(text.into())] };
+        let mut artifacts = Vec::new();
+        fold_artifact(&mut artifacts, piece("It is "), false);
+        fold_artifact(&mut artifacts, piece("21 °C."), true);
+        assert_eq!(artifacts, vec![piece("It is 21 °C.")]);
+        fold_artifact(&mut artifacts, piece("Again."), false);
+        assert_eq!(artifacts, vec![piece("Again.")]);
+        let other = Artifact { artifact_id: "b".into(), name: None, parts: vec![Part::Data(json!({"n": 1}))] };
+        fold_artifact(&mut artifacts, other.clone(), true);
+        assert_eq!(artifacts, vec![piece("Again."), other]);
     }
 }

@@ -153,10 +153,13 @@ impl State {
         }
     }
 
-    /// Reads a state written in either version (0.3's `cancelled` too).
+    /// Reads a state written in either version (0.3's `cancelled` too;
+    /// 0.3's `unknown` and 1.0's unspecified state as still working).
     pub fn parse(name: &str) -> Option<Self> {
-        if name == "cancelled" {
-            return Some(Self::Canceled);
+        match name {
+            "cancelled" => return Some(Self::Canceled),
+            "unknown" | "TASK_STATE_UNSPECIFIED" => return Some(Self::Working),
+            _ => {}
         }
         STATES.iter().find(|(_, v1, v03)| *v1 == name || *v03 == name).map(|(s, _, _)| *s)
     }
@@ -350,6 +353,11 @@ pub struct Task {
 }
 
 impl Task {
+    /// A task known only by its ids, working.
+    pub fn new(id: String, context_id: String) -> Self {
+        Self { id, context_id, state: State::Working, status_message: None, timestamp: None, artifacts: Vec::new() }
+    }
+
     /// Reads a task in either version; `None` when it has no state.
     pub fn read(value: &Value) -> Option<Self> {
         let status = value.get("status")?;
@@ -544,7 +552,8 @@ mod tests {
             assert_eq!(state.name(Version::V1), v1);
             assert_eq!(state.name(Version::V03), v03);
         }
-        assert_eq!(State::parse("TASK_STATE_UNSPECIFIED"), None);
+        assert_eq!(State::parse("TASK_STATE_UNSPECIFIED"), Some(State::Working));
+        assert_eq!(State::parse("paused"), None);
         assert!(!State::Working.is_final());
         assert!(State::InputRequired.is_final());
     }

@@ -55,7 +55,19 @@ pub struct A2a {
     pub discovery: DiscoveryServiceClient<TracedChannel>,
     /// Whether the gateway serves TLS (the card's URLs say `https`).
     pub tls: bool,
+    /// The gateway's address as its callers reach it (`public_url`), when
+    /// it is not the `Host` they name (a proxy in front of it).
+    pub public_url: Option<String>,
+    /// Whether callers authenticate: the public card then lists only
+    /// `ask`, and the catalog's skills are on the extended card, read with
+    /// the caller's token.
+    pub authenticated: bool,
+    /// The catalog's skills as last read for the public card, and when.
+    pub skills: tokio::sync::Mutex<Option<(std::time::Instant, Vec<Value>)>>,
 }
+
+/// How long the public card's skills are reused.
+const SKILLS_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The card is public, like any agent's; `/a2a` is checked like any call.
 pub fn is_public(path: &str) -> bool {
@@ -67,47 +79,45 @@ pub fn router(a2a: Arc<A2a>) -> axum::Router {
     axum::Router::new().route(CARD_PATH, get(card)).route(PATH, post(rpc)).with_state(a2a)
 }
 
-/// The gateway's address as the caller reached it.
+/// The gateway's A2A endpoint: under `public_url` when set, else at the
+/// `Host` the caller named.
 fn endpoint(a2a: &A2a, headers: &HeaderMap) -> String {
-    let host = headers
-        .get("x-forwarded-host")
-        .or_else(|| headers.get(header::HOST))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("localhost");
-    let scheme = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .filter(|p| matches!(*p, "http" | "https"))
-        .unwrap_or(if a2a.tls { "https" } else { "http" });
-    format!("{scheme}://{host}{PATH}")
+    if let Some(public) = &a2a.public_url {
+        return format!("{}{PATH}", public.trim_end_matches('/'));
+    }
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    format!("{}://{host}{PATH}", if a2a.tls { "https" } else { "http" })
 }
 
-async fn card(With(a2a): With<Arc<A2a>>, headers: HeaderMap) -> Response {
-    let url = endpoint(&a2a, &headers);
-    let mut skills = vec![json!({
+fn ask_skill() -> Value {
+    json!({
         "id": "ask",
         "name": "Ask the mesh",
         "description": "Any request in plain language: the mesh finds the agents that can serve it, plans over \
                         them, runs the plan and answers from the results, with a review of whether the goal was met.",
         "tags": ["orchestration"],
         "examples": ["What time is it in Tokyo?"],
-    })];
-    // Read as the gateway: the card is public, and shows only ids and
-    // descriptions of healthy capabilities, never addresses.
+    })
+}
+
+/// The catalog's healthy capabilities as skills (ids and descriptions,
+/// never addresses), read with `token` (else as the gateway).
+async fn catalog_skills(a2a: &A2a, token: Option<&str>) -> Vec<Value> {
     let mut request = tonic::Request::new(pb::ListCapabilitiesRequest {
         include_descriptions: Some(true),
         health_status: pb::HealthStatus::Active as i32,
         limit: u32::try_from(MAX_CARD_SKILLS).unwrap_or(200),
         ..Default::default()
     });
+    if let Some(value) = token.and_then(|t| t.parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
     request.set_timeout(std::time::Duration::from_secs(5));
+    let mut skills = Vec::new();
     match a2a.discovery.clone().list_capabilities(request).await {
         Ok(answer) => {
             for agent in &answer.into_inner().capabilities {
-                for capability in agent.reasoners.iter().chain(&agent.skills) {
-                    if skills.len() > MAX_CARD_SKILLS {
-                        break;
-                    }
+                for capability in agent.reasoners.iter().chain(&agent.skills).take(MAX_CARD_SKILLS - skills.len()) {
                     skills.push(json!({
                         "id": format!("{}.{}", agent.id, capability.id),
                         "name": format!("{} ({})", capability.id, agent.id),
@@ -121,22 +131,50 @@ async fn card(With(a2a): With<Arc<A2a>>, headers: HeaderMap) -> Response {
             tracing::warn!(error = %status.message(), "the Agent Card lists no capabilities: the catalog did not answer");
         }
     }
-    let card = json!({
+    skills
+}
+
+/// The card, with `skills` after `ask`.
+fn card_with(a2a: &A2a, headers: &HeaderMap, skills: Vec<Value>) -> Value {
+    let url = endpoint(a2a, headers);
+    let mut all = vec![ask_skill()];
+    all.extend(skills);
+    json!({
         "name": "agentmesh",
         "description": "An agent mesh: it plans over the agents it knows, runs the plan durably and answers with a \
                         reviewed, synthesized result.",
         "version": env!("CARGO_PKG_VERSION"),
         "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
-        "capabilities": {"streaming": true, "pushNotifications": false},
+        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": a2a.authenticated},
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain", "application/json"],
-        "skills": skills,
+        "skills": all,
         // For 0.3 clients: the same endpoint answers 0.3's methods.
         "url": url,
         "protocolVersion": "0.3.0",
         "preferredTransport": "JSONRPC",
-    });
-    ([(header::CACHE_CONTROL, "no-cache")], Json(card)).into_response()
+        "supportsAuthenticatedExtendedCard": a2a.authenticated,
+    })
+}
+
+/// The public card: with authentication on, only `ask` (the catalog is
+/// on the extended card); without, the catalog's skills too, read at most
+/// every five seconds.
+async fn card(With(a2a): With<Arc<A2a>>, headers: HeaderMap) -> Response {
+    let skills = if a2a.authenticated {
+        Vec::new()
+    } else {
+        let mut kept = a2a.skills.lock().await;
+        match &*kept {
+            Some((at, skills)) if at.elapsed() < SKILLS_TTL => skills.clone(),
+            _ => {
+                let skills = catalog_skills(&a2a, None).await;
+                *kept = Some((std::time::Instant::now(), skills.clone()));
+                skills
+            }
+        }
+    };
+    ([(header::CACHE_CONTROL, "no-cache")], Json(card_with(&a2a, &headers, skills))).into_response()
 }
 
 /// A JSON-RPC error answer (HTTP 200, as JSON-RPC over HTTP answers).
@@ -158,6 +196,12 @@ async fn rpc(
         return refuse(&id, code::INVALID_REQUEST, "not a JSON-RPC 2.0 request");
     }
     let name = request.get("method").and_then(Value::as_str).unwrap_or_default();
+    if matches!(name, "GetExtendedAgentCard" | "agent/getAuthenticatedExtendedCard") {
+        // The catalog as this caller may read it.
+        let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let skills = catalog_skills(&a2a, token).await;
+        return Json(wire::result(&id, card_with(&a2a, &headers, skills))).into_response();
+    }
     let Some((method, version)) = Method::parse(name) else {
         return refuse(
             &id,
@@ -212,6 +256,8 @@ struct Progress {
     task: Task,
     answer: String,
     details: Value,
+    /// The recovery round the answer being written belongs to.
+    round: i64,
 }
 
 impl Progress {
@@ -227,6 +273,7 @@ impl Progress {
             },
             answer: String::new(),
             details: json!({"request_id": task_id}),
+            round: 0,
         }
     }
 
@@ -242,10 +289,21 @@ impl Progress {
             last,
         };
         let payload = &data[kind];
+        if self.task.state.is_final() {
+            // Ended (a cancelled execution ends the task even if the
+            // orchestration goes on to answer from what it had).
+            return Vec::new();
+        }
         self.task.timestamp = Some(chrono::Utc::now().to_rfc3339());
+        let round = data["round"].as_i64().unwrap_or(0);
         match kind {
             "synthesis_chunk" => {
                 let chunk = payload["text"].as_str().unwrap_or_default();
+                if round != self.round {
+                    // A recovery round writes the answer anew.
+                    self.round = round;
+                    self.answer.clear();
+                }
                 let append = !self.answer.is_empty();
                 self.answer.push_str(chunk);
                 vec![Event::Artifact {
@@ -303,6 +361,12 @@ impl Progress {
                 self.task.state = if cancelled { State::Canceled } else { State::Failed };
                 self.task.status_message = Some(agent_says(message.clone(), &id, &context));
                 vec![status(self.task.state, message, true)]
+            }
+            "execution_event" if payload["kind"] == "execution_cancelled" => {
+                let message = "the execution was cancelled".to_owned();
+                self.task.state = State::Canceled;
+                self.task.status_message = Some(agent_says(message.clone(), &id, &context));
+                vec![status(State::Canceled, message, true)]
             }
             _ => {
                 if let Some(execution_id) = payload["execution_id"].as_str().filter(|e| !e.is_empty()) {
@@ -376,13 +440,17 @@ async fn send(
             if tx.send(wire::result(&id, first.write(version))).await.is_err() {
                 return;
             }
+            // Dropping the messages (the caller went away, or the task
+            // ended) stops the orchestration.
             while let Some(m) = started.messages.recv().await {
                 let (kind, data) = crate::json::message(&m);
                 for event in progress.take(kind, &data) {
                     if tx.send(wire::result(&id, event.write(version))).await.is_err() {
-                        // The caller went away: dropping the messages stops the orchestration.
                         return;
                     }
+                }
+                if progress.task.state.is_final() {
+                    return;
                 }
             }
         });
@@ -390,17 +458,23 @@ async fn send(
             .map(|answer| Ok::<_, Infallible>(SseEvent::default().data(answer.to_string())));
         return Sse::new(events).keep_alive(KeepAlive::default()).into_response();
     }
+    let submitted = progress.task.clone();
+    let run = async move {
+        while let Some(m) = started.messages.recv().await {
+            let (kind, data) = crate::json::message(&m);
+            progress.take(kind, &data);
+            if progress.task.state.is_final() {
+                break;
+            }
+        }
+        progress.task
+    };
     if !wait {
         // The orchestration goes on without the caller, who reads the task later.
-        let working = progress.task.clone();
-        tokio::spawn(async move { while started.messages.recv().await.is_some() {} });
-        return Json(wire::result(&id, Event::Task(working).write(version))).into_response();
+        tokio::spawn(run);
+        return Json(wire::result(&id, Event::Task(submitted).write(version))).into_response();
     }
-    while let Some(m) = started.messages.recv().await {
-        let (kind, data) = crate::json::message(&m);
-        progress.take(kind, &data);
-    }
-    Json(wire::result(&id, Event::Task(progress.task).write(version))).into_response()
+    Json(wire::result(&id, Event::Task(run.await).write(version))).into_response()
 }
 
 /// The task named in `params.id`, if it is the caller's: read back from
@@ -413,7 +487,7 @@ async fn read_task(a2a: &A2a, principal: &Principal, params: &Value) -> Result<P
     }
     // Another principal's task is not found, rather than refused: its id tells nothing.
     match a2a.shared.owner(task_id).await {
-        Some(owner) if principal.owns(&owner) || owner.is_empty() => {}
+        Some(owner) if principal.owns(&owner) => {}
         _ => return Err(not_found()),
     }
     let now = chrono::Utc::now().timestamp_millis();
@@ -425,9 +499,17 @@ async fn read_task(a2a: &A2a, principal: &Principal, params: &Value) -> Result<P
         .map_err(|e| (code::INTERNAL, format!("the task's messages cannot be read: {e}")))?;
     let mut progress = Progress::new(task_id, task_id);
     progress.task.state = State::Working;
+    let last_at = rows.last().map_or(now, |r| r.created_at_ms);
     for row in rows {
         let data: Value = serde_json::from_str(&row.data).unwrap_or_default();
         progress.take(&row.kind, &data);
+    }
+    let quiet = u128::try_from(now.saturating_sub(last_at)).unwrap_or(0);
+    if !progress.task.state.is_final() && quiet > a2a.shared.request_timeout.as_millis() {
+        // Nothing for longer than an orchestration may take: its gateway stopped.
+        progress.task.state = State::Failed;
+        let said = "the orchestration stopped without an answer (its gateway went away)";
+        progress.task.status_message = Some(agent_says(said, task_id, task_id));
     }
     Ok(progress)
 }
@@ -505,6 +587,23 @@ mod tests {
                 json!({"request_id": "req_1", "review": {"goal_achieved": true}, "goal_achieved": true, "execution_id": "exe_1"})
             )
         );
+        // A recovery round writes the answer anew: the artifact is replaced.
+        let mut again = Progress::new("req_4", "req_4");
+        again.take("synthesis_chunk", &json!({"round": 0, "synthesis_chunk": {"text": "Not sure."}}));
+        let fresh = again.take("synthesis_chunk", &json!({"round": 1, "synthesis_chunk": {"text": "21 °C."}}));
+        assert!(matches!(&fresh[..], [Event::Artifact { append: false, .. }]));
+        assert_eq!(again.answer, "21 °C.");
+        // A cancelled execution ends the task, whatever the orchestration says next.
+        let mut cancelled = Progress::new("req_3", "req_3");
+        let step = json!({"execution_event": {"kind": "step_started", "execution_id": "exe_3", "step_id": "s1"}});
+        cancelled.take("execution_event", &step);
+        let end = cancelled.take(
+            "execution_event",
+            &json!({"execution_event": {"kind": "execution_cancelled", "execution_id": "exe_3"}}),
+        );
+        assert!(matches!(&end[..], [Event::Status { state: State::Canceled, last: true, .. }]));
+        assert!(cancelled.take("final_answer", &json!({"final_answer": {"text": "From what there was."}})).is_empty());
+        assert_eq!(cancelled.task.state, State::Canceled);
         let mut failed = Progress::new("req_2", "req_2");
         failed.take("error", &json!({"error": {"service": "planner", "code": "UNAVAILABLE", "message": "down"}}));
         assert_eq!(failed.task.state, State::Failed);

@@ -64,9 +64,16 @@ pub struct GatewayConfig {
     pub console: bool,
     /// Serve MCP at `/mcp` (streamable HTTP): the tool `ask` orchestrates.
     pub mcp: bool,
+    /// On `/mcp`, offer every healthy capability as a tool too
+    /// (`{agent}.{capability}`), run as a one-step plan by the executor.
+    pub mcp_capability_tools: bool,
     /// Serve A2A: the Agent Card at `/.well-known/agent-card.json`, and
     /// `/a2a` (JSON-RPC, protocol 1.0 and 0.3), where a message orchestrates.
     pub a2a: bool,
+    /// The gateway's address as its callers reach it (`https://mesh.example.com`),
+    /// when a proxy stands in front of it; the Agent Card's URLs are made
+    /// from it. Empty: the `Host` a caller names.
+    pub public_url: String,
     /// Where the console links a trace id, `{trace_id}` replaced (Jaeger's
     /// UI by default); empty: no link.
     pub console_trace_url: String,
@@ -87,7 +94,9 @@ impl Default for GatewayConfig {
             discovery_url: "http://127.0.0.1:7400".into(),
             console: true,
             mcp: true,
+            mcp_capability_tools: false,
             a2a: true,
+            public_url: String::new(),
             console_trace_url: "http://localhost:16686/trace/{trace_id}".into(),
         }
     }
@@ -112,6 +121,9 @@ impl GatewayConfig {
             "resume_grace_secs must be 0 or more, got {}",
             self.resume_grace_secs
         );
+        if !self.public_url.is_empty() {
+            agentmesh_server::check_service_url("public_url", &self.public_url)?;
+        }
         Ok(())
     }
 }
@@ -173,15 +185,18 @@ pub async fn serve_with_listener(
         .route("/api/v1/orchestrate", axum::routing::post(rest::orchestrate))
         .route("/api/v1/orchestrations/{request_id}/events", axum::routing::get(rest::resume))
         .with_state(shared.clone());
-    if config.mcp {
-        rest = rest.merge(mcp::router(shared.clone()));
-    }
     let discovery = DiscoveryServiceClient::new(traced(channel("discovery", &config.discovery_url)?));
+    if config.mcp {
+        rest = rest.merge(mcp::router(shared.clone(), config.mcp_capability_tools.then(|| discovery.clone())));
+    }
     if config.a2a {
         rest = rest.merge(a2a::router(Arc::new(a2a::A2a {
             shared: shared.clone(),
             discovery: discovery.clone(),
             tls: config.service.tls_cert_file.is_some(),
+            public_url: (!config.public_url.is_empty()).then(|| config.public_url.clone()),
+            authenticated: config.service.auth_tokens_file.is_some() || config.service.auth_jwks_url.is_some(),
+            skills: tokio::sync::Mutex::new(None),
         })));
     }
     if config.console {

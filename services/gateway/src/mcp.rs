@@ -5,6 +5,14 @@
 //! review, the request id and the execution id as structured content.
 //! The caller is checked like any gateway call (its token, on the HTTP
 //! requests of the session) and the orchestration is its own.
+//!
+//! With `mcp_capability_tools` on, every healthy capability in the catalog
+//! is a tool too, named `{agent}.{capability}`, with the capability's
+//! input and output schemas and its hints as annotations. Calling one runs
+//! a one-step plan through the executor, owned by the caller: durable,
+//! retried and traced like any step, its events as progress notifications,
+//! its output as the result (structured content when it is an object), the
+//! execution's id in the result's `_meta`.
 
 use std::sync::Arc;
 
@@ -19,6 +27,9 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Value, json};
+
+use agentmesh_proto::v1::discovery_service_client::DiscoveryServiceClient;
+use agentmesh_telemetry::rpc::TracedChannel;
 
 use crate::json;
 use crate::service::Shared;
@@ -98,10 +109,216 @@ fn describe(m: &pb::OrchestrateResponse) -> String {
     }
 }
 
+/// The `_meta` key of a capability tool's result naming its execution.
+pub const EXECUTION_ID_META: &str = "dev.agentmesh/execution_id";
+
+/// Longest tool name MCP clients are asked to accept.
+const MAX_TOOL_NAME: usize = 128;
+
+/// Most capabilities listed as tools.
+const MAX_CAPABILITY_TOOLS: u32 = 500;
+
 /// The MCP server over the gateway's orchestrations.
 #[derive(Clone)]
 pub struct MeshServer {
     shared: Arc<Shared>,
+    /// Where the catalog is read, when capabilities are offered as tools.
+    catalog: Option<DiscoveryServiceClient<TracedChannel>>,
+}
+
+/// A capability offered as a tool.
+struct CapabilityTool {
+    tool: Tool,
+    agent: String,
+    capability: String,
+}
+
+/// Who calls, and the token they called with (passed on to discovery and
+/// the executor).
+fn caller(context: &RequestContext<RoleServer>) -> (agentmesh_server::Principal, Option<String>) {
+    let parts = context.extensions.get::<http::request::Parts>();
+    let principal = parts
+        .map(|parts| agentmesh_server::auth::principal_of(&parts.extensions))
+        .unwrap_or_else(agentmesh_server::Principal::anonymous_operator);
+    let token =
+        parts.and_then(|p| p.headers.get(http::header::AUTHORIZATION)).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (principal, token)
+}
+
+fn schema_object(schema: Option<&prost_types::Struct>) -> Option<Value> {
+    schema.map(agentmesh_proto::json::from_struct).filter(|s| s["type"] == "object")
+}
+
+impl MeshServer {
+    /// The catalog's healthy capabilities as tools, as the caller may see
+    /// them; names that collide or are too long are left out.
+    async fn capability_tools(&self, token: Option<&str>) -> Result<Vec<CapabilityTool>, ErrorData> {
+        let Some(catalog) = &self.catalog else { return Ok(Vec::new()) };
+        let mut request = tonic::Request::new(pb::ListCapabilitiesRequest {
+            include_input_schema: true,
+            include_output_schema: true,
+            include_descriptions: Some(true),
+            health_status: pb::HealthStatus::Active as i32,
+            limit: MAX_CAPABILITY_TOOLS,
+            ..Default::default()
+        });
+        if let Some(value) = token.and_then(|t| t.parse().ok()) {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request.set_timeout(std::time::Duration::from_secs(10));
+        let answer = catalog
+            .clone()
+            .list_capabilities(request)
+            .await
+            .map_err(|s| ErrorData::internal_error(format!("the catalog cannot be read: {}", s.message()), None))?
+            .into_inner();
+        let mut tools: Vec<CapabilityTool> = Vec::new();
+        for agent in &answer.capabilities {
+            for capability in agent.reasoners.iter().chain(&agent.skills) {
+                let name = format!("{}.{}", agent.id, capability.id);
+                if name.len() > MAX_TOOL_NAME || name == ASK || tools.iter().any(|t| t.tool.name == name) {
+                    tracing::debug!(
+                        tool = name,
+                        "a capability is not offered as an MCP tool: its name is too long or taken"
+                    );
+                    continue;
+                }
+                let input =
+                    schema_object(capability.input_schema.as_ref()).unwrap_or_else(|| json!({"type": "object"}));
+                let mut tool = Tool::new(name, capability.description.clone(), object(input));
+                if let Some(output) = schema_object(capability.output_schema.as_ref()) {
+                    tool = tool.with_raw_output_schema(object(output));
+                }
+                if let Some(hints) = &capability.hints {
+                    let mut annotations = ToolAnnotations::new();
+                    if let Some(v) = hints.read_only {
+                        annotations = annotations.read_only(v);
+                    }
+                    if let Some(v) = hints.destructive {
+                        annotations = annotations.destructive(v);
+                    }
+                    if let Some(v) = hints.idempotent {
+                        annotations = annotations.idempotent(v);
+                    }
+                    if let Some(v) = hints.open_world {
+                        annotations = annotations.open_world(v);
+                    }
+                    tool = tool.with_annotations(annotations);
+                }
+                tools.push(CapabilityTool { tool, agent: agent.id.clone(), capability: capability.id.clone() });
+            }
+        }
+        Ok(tools)
+    }
+
+    /// Runs one capability as a one-step plan, owned by the caller.
+    async fn run_capability(
+        &self,
+        chosen: &CapabilityTool,
+        arguments: Option<serde_json::Map<String, Value>>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (principal, token) = caller(context);
+        let plan = json!({
+            "reasoning": format!("`{}` called as an MCP tool", chosen.tool.name),
+            "steps": [{"step_id": "s1", "agent": chosen.agent, "capability": chosen.capability,
+                "instruction": format!("MCP tool call of {}", chosen.tool.name),
+                "parameters": Value::Object(arguments.unwrap_or_default()), "depends_on": []}],
+        });
+        let plan: agentmesh_core::plan::Plan =
+            serde_json::from_value(plan).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let request_id = agentmesh_server::new_request_id();
+        let mut request = tonic::Request::new(pb::ExecuteRequest {
+            request_id: request_id.clone(),
+            plan: Some(agentmesh_proto::convert::plan_to_pb(&plan)),
+            ..Default::default()
+        });
+        if let Ok(value) = request_id.parse() {
+            request.metadata_mut().insert("x-request-id", value);
+        }
+        if let Some(value) = token.and_then(|t| t.parse().ok()) {
+            request.metadata_mut().insert("authorization", value);
+        }
+        agentmesh_server::auth::on_behalf_of(&mut request, &principal.name);
+        request.set_timeout(self.shared.request_timeout);
+        let mut events = self
+            .shared
+            .clients
+            .executor
+            .clone()
+            .execute(request)
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition | tonic::Code::NotFound => {
+                    ErrorData::invalid_params(s.message().to_owned(), None)
+                }
+                _ => ErrorData::internal_error(format!("the executor: {}", s.message()), None),
+            })?
+            .into_inner();
+        let token = context.meta.get_progress_token();
+        let (mut count, mut execution_id, mut outcome) = (0.0, String::new(), None);
+        loop {
+            let event = tokio::select! {
+                event = events.message() => event,
+                // Dropping the stream leaves the execution running; cancel it.
+                () = context.ct.cancelled() => {
+                    self.cancel(&execution_id, &principal.name).await;
+                    return Err(ErrorData::internal_error("cancelled by the client", None));
+                }
+            };
+            let event = match event {
+                Ok(Some(response)) => match response.event {
+                    Some(event) => event,
+                    None => continue,
+                },
+                Ok(None) => break,
+                Err(status) => {
+                    return Err(ErrorData::internal_error(format!("the executor: {}", status.message()), None));
+                }
+            };
+            execution_id.clone_from(&event.execution_id);
+            count += 1.0;
+            if let Some(token) = &token {
+                let line = json::describe("execution_event", &json::execution_event(&event));
+                let note = ProgressNotificationParam::new(token.clone(), count).with_message(line);
+                let _ = context.peer.notify_progress(note).await;
+            }
+            match pb::ExecutionEventKind::try_from(event.kind).unwrap_or_default() {
+                pb::ExecutionEventKind::StepSucceeded => {
+                    outcome =
+                        Some(Ok(event.output.as_ref().map(agentmesh_proto::json::from_value).unwrap_or(Value::Null)));
+                }
+                pb::ExecutionEventKind::StepFailed | pb::ExecutionEventKind::StepSkipped => {
+                    outcome = Some(Err(event.error.clone()));
+                }
+                _ => {}
+            }
+        }
+        let mut result = match outcome {
+            Some(Ok(output)) if output.is_object() => CallToolResult::structured(output),
+            Some(Ok(output)) => CallToolResult::success(vec![ContentBlock::text(output.to_string())]),
+            Some(Err(error)) => CallToolResult::error(vec![ContentBlock::text(error)]),
+            None => CallToolResult::error(vec![ContentBlock::text("the step ended without a result")]),
+        };
+        let mut meta = rmcp::model::MetaObject::new();
+        meta.insert(EXECUTION_ID_META.into(), Value::String(execution_id));
+        result.meta = Some(meta);
+        Ok(result.into())
+    }
+
+    async fn cancel(&self, execution_id: &str, owner: &str) {
+        if execution_id.is_empty() {
+            return;
+        }
+        let mut request = tonic::Request::new(pb::CancelExecutionRequest {
+            execution_id: execution_id.to_owned(),
+            ..Default::default()
+        });
+        agentmesh_server::auth::on_behalf_of(&mut request, owner);
+        if let Err(status) = self.shared.clients.executor.clone().cancel_execution(request).await {
+            tracing::warn!(execution_id, error = %status.message(), "a cancelled MCP tool call's execution was not cancelled");
+        }
+    }
 }
 
 impl ServerHandler for MeshServer {
@@ -114,9 +331,12 @@ impl ServerHandler for MeshServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(vec![ask_tool()]))
+        let (_, token) = caller(&context);
+        let mut tools = vec![ask_tool()];
+        tools.extend(self.capability_tools(token.as_deref()).await?.into_iter().map(|t| t.tool));
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -125,7 +345,16 @@ impl ServerHandler for MeshServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if request.name != ASK {
-            return Err(ErrorData::invalid_params(format!("no tool `{}`; this server has `ask`", request.name), None));
+            let (_, token) = caller(&context);
+            let tools = self.capability_tools(token.as_deref()).await?;
+            let Some(chosen) = tools.iter().find(|t| t.tool.name == request.name) else {
+                let offered = if self.catalog.is_some() { "`ask` and the healthy capabilities" } else { "`ask`" };
+                return Err(ErrorData::invalid_params(
+                    format!("no tool `{}`; this server has {offered}", request.name),
+                    None,
+                ));
+            };
+            return self.run_capability(chosen, request.arguments, &context).await;
         }
         let query = request
             .arguments
@@ -133,11 +362,7 @@ impl ServerHandler for MeshServer {
             .and_then(|a| a.get("query"))
             .and_then(Value::as_str)
             .ok_or_else(|| ErrorData::invalid_params("`ask` needs {\"query\": \"…\"}", None))?;
-        let principal = context
-            .extensions
-            .get::<http::request::Parts>()
-            .map(|parts| agentmesh_server::auth::principal_of(&parts.extensions))
-            .unwrap_or_else(agentmesh_server::Principal::anonymous_operator);
+        let (principal, _) = caller(&context);
         let request_id = agentmesh_server::new_request_id();
         let orchestrate = pb::OrchestrateRequest { query: query.to_owned(), request_id, ..Default::default() };
         let mut started =
@@ -188,12 +413,13 @@ impl ServerHandler for MeshServer {
     }
 }
 
-/// The `/mcp` routes.
-pub fn router(shared: Arc<Shared>) -> axum::Router {
+/// The `/mcp` routes; `catalog` is where capabilities are read when they
+/// are offered as tools too.
+pub fn router(shared: Arc<Shared>, catalog: Option<DiscoveryServiceClient<TracedChannel>>) -> axum::Router {
     // Behind the gateway's own authentication; any Host (the gateway is
     // reached by whatever name its deployment gives it).
     let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
-    let server = MeshServer { shared };
+    let server = MeshServer { shared, catalog };
     let service = StreamableHttpService::new(move || Ok(server.clone()), LocalSessionManager::default().into(), config);
     axum::Router::new().nest_service(PATH, service)
 }

@@ -167,8 +167,8 @@ impl A2aTransport {
                     _ => Failure::fatal(failure),
                 }
             }
-            CallError::Rpc { code, message } => {
-                Failure::fatal(format!("the A2A agent at {at} refused the message ({code}): {message}"))
+            CallError::Rpc { method, code, message } => {
+                Failure::fatal(format!("the A2A agent at {at} answered {method} with an error ({code}): {message}"))
             }
             CallError::Invalid(reason) => Failure::fatal(format!("the A2A agent at {at} answered oddly: {reason}")),
         }
@@ -216,7 +216,9 @@ mod tests {
         };
         let lost = transport.failure(&call, CallError::Lost("cut".into())).await;
         assert!(lost.retryable && lost.ambiguous);
-        let rpc = transport.failure(&call, CallError::Rpc { code: -32602, message: "bad".into() }).await;
+        let rpc = transport
+            .failure(&call, CallError::Rpc { method: "SendMessage".into(), code: -32602, message: "bad".into() })
+            .await;
         assert!(!rpc.retryable);
         let busy =
             CallError::Refused { status: 503, retry_after: Some(Duration::from_secs(2)), message: String::new() };
