@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use agentmesh_e2e::{Mesh, Options, kind};
+use agentmesh_e2e::{Mesh, Options, execution_events, outcome};
 use agentmesh_proto::v1 as pb;
 use agentmesh_testkit::{Backend, ScriptedReply, interop};
 use pb::orchestrate_response::Event;
@@ -31,47 +31,6 @@ fn review() -> ScriptedReply {
     )
 }
 
-fn execution_events(messages: &[pb::OrchestrateResponse]) -> Vec<&pb::ExecutionEvent> {
-    messages
-        .iter()
-        .filter_map(|m| match &m.event {
-            Some(Event::ExecutionEvent(e)) => Some(e),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The step's output, or its error.
-fn outcome(messages: &[pb::OrchestrateResponse], step: &str) -> Result<Value, String> {
-    let events = execution_events(messages);
-    let last = events
-        .iter()
-        .rev()
-        .find(|e| {
-            e.step_id == step
-                && [pb::ExecutionEventKind::StepSucceeded, pb::ExecutionEventKind::StepFailed]
-                    .contains(&pb::ExecutionEventKind::try_from(e.kind).unwrap_or_default())
-        })
-        .unwrap_or_else(|| panic!("{step} did not finish: {:?}", messages.iter().map(kind).collect::<Vec<_>>()));
-    match &last.output {
-        Some(output) if last.kind == pb::ExecutionEventKind::StepSucceeded as i32 => {
-            Ok(agentmesh_proto::json::from_value(output))
-        }
-        _ => Err(last.error.clone()),
-    }
-}
-
-/// The agent as discovery's REST API shows it.
-async fn agent(mesh: &Mesh, id: &str) -> Value {
-    let response = agentmesh_testkit::http_client()
-        .get(format!("{}/api/v1/agents/{id}", mesh.discovery.url()))
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success(), "{}", response.status());
-    response.json().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_a2a_sdk_agent_serves_a_plan_streaming_in_1_0() {
     let Some(currency) = interop::A2aAgent::start("the A2A agent test", "1.0", true).await else { return };
@@ -83,7 +42,7 @@ async fn an_a2a_sdk_agent_serves_a_plan_streaming_in_1_0() {
     let Some(mesh) = Mesh::start(Backend::Sqlite, replies, Options::default()).await else { return };
     // Registered over REST with transport `a2a`: the card's skills become the capabilities.
     mesh.register(&json!({"id": "currency", "base_url": currency.url, "transport": "a2a"})).await;
-    let listed = agent(&mesh, "currency").await;
+    let listed = mesh.agent("currency").await;
     let skill = listed.pointer("/skills/0").or_else(|| listed.pointer("/agent/skills/0")).cloned().unwrap();
     assert_eq!(skill["id"], "convert_currency", "{listed}");
     assert_eq!(skill["endpoint"], "convert_currency");
@@ -256,17 +215,9 @@ async fn rpc(base: &str, token: Option<&str>, version: &str, body: Value) -> (u1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_authentication_the_card_shows_only_ask_and_tasks_are_their_callers() {
     use agentmesh_testkit::{Answer, Behavior, FakeAgent};
-    let dir = std::env::temp_dir().join(format!("agentmesh-a2a-auth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let tokens = dir.join("tokens.toml");
-    let (service, operator, shop, billing) = ("svc-tok-3", "op-tok-3", "shop-tok-3", "billing-tok-3");
-    let entries = [
-        ("mesh", "service", service),
-        ("ops", "operator", operator),
-        ("shop", "client", shop),
-        ("billing", "client", billing),
-    ];
-    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
+    let tokens = agentmesh_e2e::Tokens::new("a2a");
+    let (shop, billing) = (tokens.shop.clone(), tokens.billing.clone());
+    let (shop, billing) = (shop.as_str(), billing.as_str());
     let replies = vec![
         ScriptedReply::openai_content(
             &json!({"steps": [{"step_id": "s1", "agent": "weather", "capability": "get_current_weather",
@@ -277,8 +228,7 @@ async fn with_authentication_the_card_shows_only_ask_and_tasks_are_their_callers
         ScriptedReply::openai_stream(&["It is 21 °C in Chicago."]),
         review(),
     ];
-    let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
-    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, options).await else { return };
+    let Some(mesh) = Mesh::start(Backend::Sqlite, replies, tokens.options).await else { return };
     let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])
         .await
         .unwrap();

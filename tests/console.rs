@@ -169,18 +169,9 @@ async fn the_console_serves_its_pages_and_the_mesh_as_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_authentication_on_pages_load_and_the_data_is_the_callers_own() {
-    let dir = std::env::temp_dir().join(format!("agentmesh-console-auth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let tokens = dir.join("tokens.toml");
-    let (service, operator, shop, billing) = ("svc-tok-2", "op-tok-2", "shop-tok-2", "billing-tok-2");
-    let entries = [
-        ("mesh", "service", service),
-        ("ops", "operator", operator),
-        ("shop", "client", shop),
-        ("billing", "client", billing),
-    ];
-    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
-    let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
+    let tokens = agentmesh_e2e::Tokens::new("console");
+    let (shop, billing, operator) = (tokens.shop.as_str(), tokens.billing.as_str(), tokens.operator.as_str());
+    let options = tokens.options;
     let Some(mesh) = Mesh::start(Backend::Sqlite, replies(), options).await else { return };
     let agent = FakeAgent::start(vec![("get_current_weather", Behavior::Always(Answer::ok(json!({"temp_c": 21}))))])
         .await
@@ -206,7 +197,6 @@ async fn with_authentication_on_pages_load_and_the_data_is_the_callers_own() {
     assert_eq!(calls["interactions"], json!([]));
     let (_, calls) = get_json(&format!("{base}/console/api/requests/req_console_2/interactions"), Some(shop)).await;
     assert_eq!(calls["interactions"].as_array().map(Vec::len), Some(3));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -651,18 +651,9 @@ async fn an_agent_that_asks_for_help_loops_back_through_the_planner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_authentication_on_a_client_orchestrates_and_only_it_follows_its_orchestration() {
-    let dir = std::env::temp_dir().join(format!("agentmesh-gateway-auth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let tokens = dir.join("tokens.toml");
-    let (service, operator, shop, billing) = ("svc-tok-1", "op-tok-1", "shop-tok-1", "billing-tok-1");
-    let entries = [
-        ("mesh", "service", service),
-        ("ops", "operator", operator),
-        ("shop", "client", shop),
-        ("billing", "client", billing),
-    ];
-    agentmesh_testkit::write_tokens_file(&tokens, &entries).unwrap();
-    let options = Options { auth: Some((tokens, service.into(), operator.into())), ..Options::default() };
+    let tokens = agentmesh_e2e::Tokens::new("gateway");
+    let (shop, billing, operator) = (tokens.shop.as_str(), tokens.billing.as_str(), tokens.operator.as_str());
+    let options = tokens.options;
     let replies = vec![
         ScriptedReply::openai_content(&weather_plan()),
         ScriptedReply::openai_stream(&["It is 21 °C."]),
@@ -723,5 +714,4 @@ async fn with_authentication_on_a_client_orchestrates_and_only_it_follows_its_or
     assert_eq!(shops.len(), 3, "the plan, the answer and the review: {shops:?}");
     assert!(interactions(billing).await.is_empty(), "another client sees none of them");
     assert_eq!(interactions(operator).await, shops, "an operator sees them all");
-    let _ = std::fs::remove_dir_all(&dir);
 }

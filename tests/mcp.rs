@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use agentmesh_e2e::{Mesh, Options, kind};
+use agentmesh_e2e::{Mesh, Options, execution_events, kind, outcome};
 use agentmesh_mcp::bridge::{self, Bridge};
 use agentmesh_proto::v1 as pb;
 use agentmesh_testkit::{Backend, ScriptedReply, interop};
@@ -46,53 +46,12 @@ fn mcp_registration(id: &str, url: &str) -> Value {
     json!({"id": id, "base_url": url, "transport": "mcp"})
 }
 
-/// The agent as discovery's REST API shows it.
-async fn agent(mesh: &Mesh, id: &str) -> Value {
-    let response = agentmesh_testkit::http_client()
-        .get(format!("{}/api/v1/agents/{id}", mesh.discovery.url()))
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success(), "{}", response.status());
-    response.json().await.unwrap()
-}
-
 fn skill_ids(agent: &Value) -> Vec<String> {
     let skills = agent.pointer("/agent/skills").or_else(|| agent.get("skills")).cloned().unwrap_or_default();
     let mut ids: Vec<String> =
         skills.as_array().into_iter().flatten().filter_map(|s| s["id"].as_str().map(str::to_owned)).collect();
     ids.sort();
     ids
-}
-
-fn execution_events(messages: &[pb::OrchestrateResponse]) -> Vec<&pb::ExecutionEvent> {
-    messages
-        .iter()
-        .filter_map(|m| match &m.event {
-            Some(Event::ExecutionEvent(e)) => Some(e),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The step's output, or its error.
-fn outcome(messages: &[pb::OrchestrateResponse], step: &str) -> Result<Value, String> {
-    let events = execution_events(messages);
-    let last = events
-        .iter()
-        .rev()
-        .find(|e| {
-            e.step_id == step
-                && [pb::ExecutionEventKind::StepSucceeded, pb::ExecutionEventKind::StepFailed]
-                    .contains(&pb::ExecutionEventKind::try_from(e.kind).unwrap_or_default())
-        })
-        .unwrap_or_else(|| panic!("{step} did not finish: {:?}", messages.iter().map(kind).collect::<Vec<_>>()));
-    match &last.output {
-        Some(output) if last.kind == pb::ExecutionEventKind::StepSucceeded as i32 => {
-            Ok(agentmesh_proto::json::from_value(output))
-        }
-        _ => Err(last.error.clone()),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +67,7 @@ async fn the_reference_time_server_tells_the_time_in_tokyo() {
     mesh.register(&mcp_registration("time", &format!("http://{}/mcp", bridge.addr()))).await;
 
     // The catalog holds the server's tools with their schemas and annotations.
-    let listed = agent(&mesh, "time").await;
+    let listed = mesh.agent("time").await;
     assert_eq!(skill_ids(&listed), ["convert_time", "get_current_time"], "{listed}");
     let text = listed.to_string();
     assert!(text.contains("\"read_only\":true") && text.contains("\"idempotent\":true"), "{text}");
@@ -136,7 +95,7 @@ async fn the_reference_calculator_multiplies() {
     let Some(mesh) = Mesh::start(Backend::Postgres, replies, Options::default()).await else { return };
     let bridge = start_bridge(command).await;
     mesh.register(&mcp_registration("calculator", &format!("http://{}/mcp", bridge.addr()))).await;
-    assert_eq!(skill_ids(&agent(&mesh, "calculator").await), ["calculate"]);
+    assert_eq!(skill_ids(&mesh.agent("calculator").await), ["calculate"]);
 
     let messages = mesh.orchestrate("What is 100 × 3.5?").await;
     assert_eq!(outcome(&messages, "s1").unwrap(), json!({"result": "350.0"}));
@@ -160,7 +119,7 @@ async fn server_everything_gives_structured_output_errors_and_progress() {
     ];
     let Some(mesh) = Mesh::start(Backend::Sqlite, replies, Options::default()).await else { return };
     mesh.register(&mcp_registration("everything", &everything.url)).await;
-    let listed = agent(&mesh, "everything").await;
+    let listed = mesh.agent("everything").await;
     let ids = skill_ids(&listed);
     for tool in ["echo", "get-structured-content", "get-sum", "trigger-long-running-operation"] {
         assert!(ids.iter().any(|id| id == tool), "{tool} missing from {ids:?}");
@@ -207,7 +166,7 @@ async fn discovery_follows_a_servers_tool_list_and_the_bridge_restarts_a_server_
     let Some(mesh) = Mesh::start(Backend::Sqlite, replies, options).await else { return };
     let bridge = start_bridge(command).await;
     mesh.register(&mcp_registration("changing", &format!("http://{}/mcp", bridge.addr()))).await;
-    assert_eq!(skill_ids(&agent(&mesh, "changing").await), ["lookup", "rename_lookup"]);
+    assert_eq!(skill_ids(&mesh.agent("changing").await), ["lookup", "rename_lookup"]);
 
     // The tool replaces `lookup` and says the list changed: discovery lists
     // the tools again at once.
@@ -218,7 +177,7 @@ async fn discovery_follows_a_servers_tool_list_and_the_bridge_restarts_a_server_
         async move {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(within);
             loop {
-                let ids = skill_ids(&agent(mesh, "changing").await);
+                let ids = skill_ids(&mesh.agent("changing").await);
                 if ids == expected {
                     return;
                 }

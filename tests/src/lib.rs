@@ -220,6 +220,80 @@ impl Mesh {
     pub fn running(&self) -> usize {
         self.tasks.iter().filter(|t| !t.0.is_finished()).count()
     }
+
+    /// An agent as discovery's REST API shows it.
+    pub async fn agent(&self, id: &str) -> Value {
+        let response = agentmesh_testkit::http_client()
+            .get(format!("{}/api/v1/agents/{id}", self.discovery.url()))
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.json().await.unwrap()
+    }
+}
+
+/// Tokens of a mesh with authentication on: the services', an operator's
+/// and two clients' (`shop` and `billing`), written to a tokens file.
+pub struct Tokens {
+    /// Options starting the mesh with them.
+    pub options: Options,
+    /// The client `shop`'s token.
+    pub shop: String,
+    /// The client `billing`'s token.
+    pub billing: String,
+    /// The operator's token.
+    pub operator: String,
+}
+
+impl Tokens {
+    /// Tokens named after `tag` (one per test).
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("agentmesh-{tag}-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("tokens.toml");
+        let [service, operator, shop, billing] = ["svc", "op", "shop", "billing"].map(|who| format!("{who}-tok-{tag}"));
+        let entries = [
+            ("mesh", "service", service.as_str()),
+            ("ops", "operator", operator.as_str()),
+            ("shop", "client", shop.as_str()),
+            ("billing", "client", billing.as_str()),
+        ];
+        agentmesh_testkit::write_tokens_file(&file, &entries).unwrap();
+        let options = Options { auth: Some((file, service, operator.clone())), ..Options::default() };
+        Self { options, shop, billing, operator }
+    }
+}
+
+/// The executor's events among an orchestration's messages.
+pub fn execution_events(messages: &[pb::OrchestrateResponse]) -> Vec<&pb::ExecutionEvent> {
+    messages
+        .iter()
+        .filter_map(|m| match &m.event {
+            Some(pb::orchestrate_response::Event::ExecutionEvent(e)) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A step's output, or its error, from an orchestration's messages.
+pub fn outcome(messages: &[pb::OrchestrateResponse], step: &str) -> Result<Value, String> {
+    let events = execution_events(messages);
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| {
+            e.step_id == step
+                && [pb::ExecutionEventKind::StepSucceeded, pb::ExecutionEventKind::StepFailed]
+                    .contains(&pb::ExecutionEventKind::try_from(e.kind).unwrap_or_default())
+        })
+        .unwrap_or_else(|| panic!("{step} did not finish: {:?}", messages.iter().map(kind).collect::<Vec<_>>()));
+    match &last.output {
+        Some(output) if last.kind == pb::ExecutionEventKind::StepSucceeded as i32 => {
+            Ok(agentmesh_proto::json::from_value(output))
+        }
+        _ => Err(last.error.clone()),
+    }
 }
 
 /// The kind of a message, as in the SSE `event:` field.
