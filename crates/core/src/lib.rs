@@ -15,6 +15,7 @@ pub mod plan;
 pub mod plan_schema;
 pub mod query;
 pub mod reference;
+pub mod repeats;
 pub mod schema;
 pub mod target;
 pub mod validate;

@@ -128,6 +128,9 @@ pub struct PlanStats {
     pub preselection_fallbacks: u32,
     /// Answers cut off at the token limit.
     pub truncated_answers: u32,
+    /// Steps that repeated an earlier one (same agent, capability and
+    /// parameters) and were merged into it.
+    pub repeated_steps_merged: u32,
 }
 
 /// A plan and how it came about.
@@ -500,6 +503,18 @@ impl Planner {
                 Ok(mut valid) => {
                     if valid.steps.is_empty() && valid.reasoning.trim().is_empty() {
                         valid.reasoning = "the model found no listed capability that fits and gave no reason".into();
+                    }
+                    // The same call twice would do its work twice (two emails sent).
+                    for merged in agentmesh_core::repeats::merge_repeated_steps(&mut valid) {
+                        run.stats.repeated_steps_merged += 1;
+                        tracing::warn!(
+                            request_id = current_request_id(),
+                            removed = %merged.removed,
+                            kept = %merged.kept,
+                            agent = %merged.agent,
+                            capability = %merged.capability,
+                            "a plan step repeated an earlier one (same agent, capability and parameters): merged into it"
+                        );
                     }
                     if hallucinated {
                         run.stats.hallucinations_recovered += 1;

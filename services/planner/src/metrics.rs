@@ -33,6 +33,8 @@ pub struct Metrics {
     pub preselection_empty: IntCounter,
     /// Answers cut off at the token limit.
     pub truncated_answers: IntCounter,
+    /// Steps merged into an earlier, identical step.
+    pub repeated_steps_merged: IntCounter,
 }
 
 /// The interaction kind as a label value.
@@ -108,6 +110,11 @@ impl Metrics {
             "LLM answers cut off at the token limit (asked again with a tighter bound)",
         )?;
         registry.register(Box::new(truncated_answers.clone()))?;
+        let repeated_steps_merged = IntCounter::new(
+            "agentmesh_planner_repeated_steps_merged_total",
+            "plan steps that repeated an earlier one (same agent, capability and parameters) and were merged into it",
+        )?;
+        registry.register(Box::new(repeated_steps_merged.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -122,6 +129,7 @@ impl Metrics {
             preselection_fallbacks,
             preselection_empty,
             truncated_answers,
+            repeated_steps_merged,
         })
     }
 
@@ -143,6 +151,7 @@ impl Metrics {
         self.retries.with_label_values(&["hallucination"]).inc_by(u64::from(stats.hallucination_retries));
         self.preselection_fallbacks.inc_by(u64::from(stats.preselection_fallbacks));
         self.truncated_answers.inc_by(u64::from(stats.truncated_answers));
+        self.repeated_steps_merged.inc_by(u64::from(stats.repeated_steps_merged));
         // Pre-selection kept nothing and no plan was asked for: a zero-step plan.
         let planned = interactions.iter().any(|i| i.kind != InteractionKind::Preselection);
         if stats.preselected == Some(0) && !planned {

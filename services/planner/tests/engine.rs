@@ -417,3 +417,24 @@ async fn further_picks_must_share_a_word_with_the_request_unless_it_joins_severa
     );
     assert!(user_message(&requests[3].body).contains("The likeliest fit is calculation-agent/evaluate."));
 }
+
+#[tokio::test]
+async fn a_call_the_model_repeats_is_made_once() {
+    // "What is the weather in Paris?" planned the same lookup twice.
+    let twice = json!({"reasoning": "r", "steps": [
+        {"step_id": "s1", "agent": "weather-tool-v2", "capability": "get_current_weather",
+         "instruction": "weather in Paris", "parameters": {"location": "Paris"}, "depends_on": []},
+        {"step_id": "s2", "agent": "weather-tool-v2", "capability": "get_current_weather",
+         "instruction": "weather in Paris again", "parameters": {"location": "Paris"}, "depends_on": []},
+        {"step_id": "s3", "agent": "weather-tool-v2", "capability": "get_current_weather",
+         "instruction": "weather in Lyon", "parameters": {"location": "Lyon"}, "depends_on": []}]});
+    let server = ScriptedLlmServer::start(vec![ScriptedReply::openai_content(&twice.to_string())]).await.unwrap();
+    let outcome = Planner::new(PlannerSettings::default())
+        .plan(&llm(&server), "What is the weather in Paris and in Lyon?", &[weather()])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let steps: Vec<(&str, &Value)> = outcome.plan.steps.iter().map(|s| (s.step_id.as_str(), &s.parameters)).collect();
+    assert_eq!(steps, [("s1", &json!({"location": "Paris"})), ("s3", &json!({"location": "Lyon"}))]);
+    assert_eq!(outcome.stats.repeated_steps_merged, 1);
+    assert_eq!(server.requests().len(), 1, "merged, not asked again");
+}
