@@ -61,9 +61,16 @@ async fn one_orchestration_on_a_real_model() {
     assert!(!steps.is_empty(), "a zero-step plan for the weather: {}", created.zero_step_reason);
     assert!(!agent.calls().is_empty(), "no agent was called");
     assert!(kinds.iter().any(|k| k == "execution:execution_completed"), "{kinds:?}");
+    // The small model's answer is checked against the results before it is
+    // sent (replace_ungrounded_answers), so it comes whole; it states the
+    // weather step's value, either in the model's words or the facts'.
     let chunks = kinds.iter().filter(|k| *k == "synthesis_chunk").count();
-    assert!(chunks >= 2, "the answer came in {chunks} chunk(s)");
+    assert!(chunks >= 1, "no answer chunk: {kinds:?}");
     assert!(!answer.text.trim().is_empty());
+    let weather_ran = agent.calls().iter().any(|c| c.capability == "get_current_weather");
+    if weather_ran {
+        assert!(answer.text.contains("21"), "the answer does not state the step's 21 °C: {}", answer.text);
+    }
     let review = messages.iter().find_map(|m| if let Some(Event::Review(r)) = &m.event { Some(r) } else { None });
     let review = review.unwrap_or_else(|| panic!("no review: {kinds:?}"));
     assert!((0.0..=1.0).contains(&review.confidence));

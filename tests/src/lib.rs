@@ -152,6 +152,8 @@ impl Mesh {
         if options.real_llm.is_some() {
             synthesis_config.answer_max_tokens = 160;
             synthesis_config.review_max_tokens = 300;
+            // A 135M model does not keep to the results: answers it invents are replaced.
+            synthesis_config.replace_ungrounded_answers = true;
         }
         secure(&mut synthesis_config.service);
         let (synthesis, synthesis_task) =

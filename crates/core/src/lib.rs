@@ -6,6 +6,7 @@ pub mod agent;
 pub mod bm25;
 pub mod execution;
 pub mod fence;
+pub mod grounding;
 pub mod health;
 pub mod import;
 pub mod index;

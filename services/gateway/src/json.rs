@@ -104,6 +104,7 @@ pub fn review(r: &pb::Review) -> Value {
         "summary": r.summary,
         "missing_data": r.missing_data,
         "recovery_actions": actions,
+        "unsupported_claims": r.unsupported_claims,
     })
 }
 

@@ -38,6 +38,13 @@ pub struct SynthesisSettings {
     pub review_catalog_size: usize,
     /// Further attempts after a review that could not be read.
     pub review_retries: u32,
+    /// Most facts (leaf values of the step outputs) listed for the model.
+    pub max_facts: usize,
+    /// Replace an answer that states values found neither in the results
+    /// nor in the request by an answer made of the facts (for small models,
+    /// which do not keep to the results); the answer is then sent whole,
+    /// not streamed.
+    pub replace_ungrounded: bool,
 }
 
 impl Default for SynthesisSettings {
@@ -49,6 +56,8 @@ impl Default for SynthesisSettings {
             max_output_chars: 4_000,
             review_catalog_size: 30,
             review_retries: 1,
+            max_facts: 30,
+            replace_ungrounded: false,
         }
     }
 }
@@ -134,10 +143,49 @@ pub enum AnswerPlan {
     /// Ask the model, then append `footer` (the steps that did not succeed).
     Model {
         /// The request to stream.
-        request: CompletionRequest,
+        request: Box<CompletionRequest>,
         /// Text appended after the model's answer.
         footer: Option<String>,
+        /// What the answer must keep to.
+        grounding: Grounding,
     },
+}
+
+/// What an answer must keep to: the texts its values must be found in
+/// (the step outputs, the request), and the facts to answer with instead.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Grounding {
+    /// The step outputs as JSON text, and the request.
+    pub sources: Vec<String>,
+    /// The step outputs' leaf values.
+    pub facts: Vec<agentmesh_core::grounding::Fact>,
+}
+
+impl Grounding {
+    /// What `outcome`'s answers must keep to.
+    pub fn of(outcome: &RunOutcome, max_facts: usize) -> Self {
+        let outputs: Vec<(&str, &Value)> = outcome
+            .steps
+            .iter()
+            .filter(|s| s.state == StepState::Succeeded)
+            .filter_map(|s| s.output.as_ref().map(|o| (s.step.step_id.as_str(), o)))
+            .collect();
+        let mut sources: Vec<String> = outputs.iter().map(|(_, o)| o.to_string()).collect();
+        sources.push(outcome.query.clone());
+        Self { sources, facts: agentmesh_core::grounding::facts(&outputs, max_facts) }
+    }
+
+    /// The values `answer` states that the results and the request do not.
+    pub fn unsupported_claims(&self, answer: &str) -> Vec<String> {
+        let sources: Vec<&str> = self.sources.iter().map(String::as_str).collect();
+        agentmesh_core::grounding::unsupported_claims(answer, &sources)
+    }
+
+    /// Whether `answer` states at least one of the facts (true when there
+    /// are none).
+    pub fn uses_facts(&self, answer: &str) -> bool {
+        self.facts.is_empty() || self.facts.iter().any(|f| agentmesh_core::grounding::states(answer, f))
+    }
 }
 
 /// The kinds of recovery a review may suggest.
@@ -183,6 +231,9 @@ pub struct Verdict {
     pub actions: Vec<Action>,
     /// Suggestions that were dropped, each with the reason.
     pub dropped: Vec<String>,
+    /// Values the answer states that neither the results nor the request
+    /// contain (found by comparing, not by the model).
+    pub unsupported_claims: Vec<String>,
 }
 
 /// Builds prompts and reads answers.
@@ -274,24 +325,28 @@ impl Synthesizer {
         }
         let system = format!(
             "You write the final answer to a user's request from the results of the tools that were run for it. \
-             Answer the request directly and briefly, in plain text. Use only facts found in the results; never \
-             invent values. If a step failed, say what could not be found out. {}",
+             Answer the request directly and briefly, in plain text. Use the listed facts and state their values \
+             exactly as written; never invent values. If a step failed, say what could not be found out. {}",
             fence.rule()
         );
+        let grounding = Grounding::of(outcome, self.settings.max_facts);
+        let facts = agentmesh_core::grounding::fact_lines(&grounding.facts);
         let user = format!(
-            "The request:\n{}\n\nThe results:{}\nWrite the answer to the request.",
+            "The request:\n{}\n\nThe results:{}\nFacts to use:\n{}\n\nWrite the answer to the request.",
             fence.wrap("request", &outcome.query),
-            self.results_text(outcome, fence)
+            self.results_text(outcome, fence),
+            fence.wrap("facts", &facts)
         );
         let failures = failure_lines(outcome);
         AnswerPlan::Model {
-            request: CompletionRequest {
+            request: Box::new(CompletionRequest {
                 messages: vec![Message::system(system), Message::user(user)],
                 temperature: Some(self.settings.temperature),
                 max_tokens: Some(self.settings.answer_max_tokens),
                 ..Default::default()
-            },
+            }),
             footer: (!failures.is_empty()).then(|| format!("\n\nNot done:{failures}")),
+            grounding,
         }
     }
 
@@ -438,8 +493,15 @@ impl Synthesizer {
             Some(Value::String(s)) if !s.trim().is_empty() => vec![s.trim().to_owned()],
             _ => Vec::new(),
         };
-        let mut verdict =
-            Verdict { goal_achieved, confidence, summary, missing_data, actions: Vec::new(), dropped: Vec::new() };
+        let mut verdict = Verdict {
+            goal_achieved,
+            confidence,
+            summary,
+            missing_data,
+            actions: Vec::new(),
+            dropped: Vec::new(),
+            unsupported_claims: Vec::new(),
+        };
         let suggested = value.get("recovery_actions").and_then(Value::as_array).cloned().unwrap_or_default();
         if goal_achieved {
             if !suggested.is_empty() {
@@ -649,7 +711,7 @@ mod tests {
     #[test]
     fn partial_failure_is_listed_after_the_answer() {
         let s = Synthesizer::default();
-        let AnswerPlan::Model { request, footer } = s.answer(&outcome(), &Fence::with_nonce("n")) else {
+        let AnswerPlan::Model { request, footer, .. } = s.answer(&outcome(), &Fence::with_nonce("n")) else {
             panic!("no model")
         };
         assert_eq!(footer.as_deref(), Some("\n\nNot done:\n- s2 (clock/now) failed: HTTP 503 after 3 attempts"));

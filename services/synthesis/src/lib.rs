@@ -50,6 +50,10 @@ pub struct SynthesisConfig {
     pub review_retries: u32,
     /// Longest query accepted, in characters.
     pub max_query_chars: usize,
+    /// Replace an answer that states values found neither in the step
+    /// results nor in the request by an answer made of the results' values
+    /// (sent whole instead of streamed). For small models.
+    pub replace_ungrounded_answers: bool,
 }
 
 agentmesh_server::flat_settings!(SynthesisConfig { service, llm });
@@ -72,6 +76,7 @@ impl Default for SynthesisConfig {
             max_output_chars: engine.max_output_chars,
             review_retries: engine.review_retries,
             max_query_chars: 4_000,
+            replace_ungrounded_answers: engine.replace_ungrounded,
         }
     }
 }
@@ -101,6 +106,7 @@ impl SynthesisConfig {
             temperature: self.temperature,
             max_output_chars: self.max_output_chars,
             review_retries: self.review_retries,
+            replace_ungrounded: self.replace_ungrounded_answers,
             ..SynthesisSettings::default()
         }
     }

@@ -18,6 +18,9 @@ pub struct Metrics {
     pub actions_dropped: IntCounter,
     /// Reviews by verdict (`achieved`, `not_achieved`).
     pub reviews: IntCounterVec,
+    /// Answers that stated values found neither in the results nor in the
+    /// request, by what was done (`flagged` in a review, `replaced`).
+    pub unsupported_answers: IntCounterVec,
 }
 
 impl Metrics {
@@ -53,7 +56,24 @@ impl Metrics {
         registry.register(Box::new(direct_answers.clone()))?;
         registry.register(Box::new(actions_dropped.clone()))?;
         registry.register(Box::new(reviews.clone()))?;
-        Ok(Self { registry, requests, request_duration, llm_calls, direct_answers, actions_dropped, reviews })
+        let unsupported_answers = IntCounterVec::new(
+            Opts::new(
+                "agentmesh_synthesis_unsupported_answers_total",
+                "Answers stating values found neither in the results nor in the request, by action (flagged, replaced)",
+            ),
+            &["action"],
+        )?;
+        registry.register(Box::new(unsupported_answers.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            request_duration,
+            llm_calls,
+            direct_answers,
+            actions_dropped,
+            reviews,
+            unsupported_answers,
+        })
     }
 
     /// The Prometheus text exposition of every metric.

@@ -186,19 +186,24 @@ impl Inner {
     }
 
     /// Streams the model's answer into `tx`, then the footer and the done
-    /// message; stops early when the client goes away.
+    /// message; stops early when the client goes away. With `grounding`,
+    /// the answer is held until it is whole and checked against it: one
+    /// that states values the results do not contain is replaced by an
+    /// answer made of the facts.
     async fn stream_answer(
         self: Arc<Self>,
         request_id: String,
         principal: String,
         request: CompletionRequest,
         footer: Option<String>,
+        grounding: Option<crate::engine::Grounding>,
         tx: mpsc::UnboundedSender<Result<pb::SynthesizeResponse, Status>>,
     ) {
         let started = Instant::now();
         let chunks = tx.clone();
+        let held = grounding.is_some();
         let mut on_text = move |text: &str| {
-            if !text.is_empty() {
+            if !text.is_empty() && !held {
                 let _ = chunks.send(Ok(pb::SynthesizeResponse {
                     chunk: Some(pb::synthesize_response::Chunk::Text(text.to_owned())),
                 }));
@@ -231,6 +236,19 @@ impl Inner {
             }
             Some(Ok(completion)) => {
                 self.record((&request_id, &principal), "synthesis", &request, Ok(&completion), latency).await;
+                if let Some(grounding) = &grounding {
+                    let claims = grounding.unsupported_claims(&completion.text);
+                    let text = if claims.is_empty() && grounding.uses_facts(&completion.text) {
+                        completion.text.clone()
+                    } else {
+                        self.metrics.unsupported_answers.with_label_values(&["replaced"]).inc();
+                        tracing::warn!(request_id, claims = ?claims,
+                            "the answer stated values the results do not contain, or none they do; answered with the facts instead");
+                        agentmesh_core::grounding::extractive_answer(&grounding.facts)
+                    };
+                    let _ =
+                        tx.send(Ok(pb::SynthesizeResponse { chunk: Some(pb::synthesize_response::Chunk::Text(text)) }));
+                }
                 let mut tail = String::new();
                 if completion.truncated {
                     tracing::warn!(request_id, "the answer was cut off at the token limit (answer_max_tokens)");
@@ -308,7 +326,15 @@ impl Inner {
             total.completion_tokens = total.completion_tokens.saturating_add(u.completion_tokens);
             total.total_tokens = total.total_tokens.saturating_add(u.total_tokens);
             match self.synthesizer.read_review(&completion.text, &outcome, &catalog) {
-                Ok(verdict) => {
+                Ok(mut verdict) => {
+                    // Compared, not judged by the model.
+                    let grounding = crate::engine::Grounding::of(&outcome, self.synthesizer.settings().max_facts);
+                    verdict.unsupported_claims = grounding.unsupported_claims(&r.answer);
+                    if !verdict.unsupported_claims.is_empty() {
+                        self.metrics.unsupported_answers.with_label_values(&["flagged"]).inc();
+                        tracing::warn!(request_id, claims = ?verdict.unsupported_claims,
+                            "the answer states values found neither in the results nor in the request");
+                    }
                     return Ok(pb::ReviewResponse {
                         review: Some(self.verdict_to_pb(request_id, verdict, &outcome)),
                         usage: Some(total),
@@ -396,6 +422,7 @@ impl Inner {
             summary: verdict.summary,
             missing_data: verdict.missing_data,
             recovery_actions,
+            unsupported_claims: verdict.unsupported_claims,
         }
     }
 }
@@ -433,13 +460,16 @@ impl SynthesisService for SynthesisGrpc {
                 let _ = tx.send(Ok(pb::SynthesizeResponse { chunk: Some(pb::synthesize_response::Chunk::Done(done)) }));
                 inner.finish("Synthesize", started, Ok(()));
             }
-            AnswerPlan::Model { mut request, footer } => {
+            AnswerPlan::Model { mut request, footer, grounding } => {
                 if !r.model.trim().is_empty() {
                     request.model = Some(r.model.clone());
                 }
                 request.reasoning_effort = effort_from_pb(r.reasoning_effort);
                 let span = tracing::info_span!("synthesize", request_id = %request_id, operation = "synthesize");
-                tokio::spawn(inner.stream_answer(request_id, principal, request, footer, tx).instrument(span));
+                let grounding = inner.synthesizer.settings().replace_ungrounded.then_some(grounding);
+                tokio::spawn(
+                    inner.stream_answer(request_id, principal, *request, footer, grounding, tx).instrument(span),
+                );
             }
         }
         Ok(Response::new(UnboundedReceiverStream::new(rx)))

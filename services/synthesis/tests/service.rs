@@ -32,6 +32,11 @@ struct Mesh {
 /// Discovery with a weather agent and a time-zone agent, a scripted LLM
 /// answering `replies`, and synthesis in front of them.
 async fn mesh(backend: Backend, replies: Vec<ScriptedReply>) -> Option<Mesh> {
+    mesh_with(backend, replies, false).await
+}
+
+/// With `replace_ungrounded_answers` set as given.
+async fn mesh_with(backend: Backend, replies: Vec<ScriptedReply>, replace: bool) -> Option<Mesh> {
     let db = TestDatabase::new(backend).await?;
     let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
     register(
@@ -56,6 +61,7 @@ async fn mesh(backend: Backend, replies: Vec<ScriptedReply>) -> Option<Mesh> {
             llm_retries: 0,
             ..SynthesisConfig::default().llm
         },
+        replace_ungrounded_answers: replace,
         ..SynthesisConfig::with_database_url(db.url.clone())
     };
     let listener = bind_local().await.unwrap();
@@ -339,4 +345,65 @@ async fn bad_input_and_a_failing_model_give_clear_statuses() {
     .unwrap_err();
     assert_eq!(error.code(), Code::Unavailable, "{error:?}");
     assert!(error.message().contains("refused the credentials"), "{}", error.message());
+}
+
+fn weather_only() -> (pb::Plan, Vec<pb::StepResult>) {
+    let plan = pb::Plan { reasoning: String::new(), steps: vec![step("s1", "weather-tool-v2", "get_current_weather")] };
+    let results = vec![result("s1", pb::StepStatus::Succeeded, Some(json!({"temp_c": 21, "city": "Chicago"})), "")];
+    (plan, results)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_stating_what_the_results_do_not_is_flagged_in_the_review() {
+    let review = json!({"summary": "Answered.", "missing_data": [], "goal_achieved": true, "confidence": 0.8,
+        "recovery_actions": []});
+    let replies =
+        vec![ScriptedReply::openai_content(&review.to_string()), ScriptedReply::openai_content(&review.to_string())];
+    let Some(m) = mesh(Backend::Sqlite, replies).await else { return };
+    let (plan, results) = weather_only();
+    let review = |answer: &str| {
+        let request = pb::ReviewRequest {
+            request_id: "req_grounded".into(),
+            query: "What is the weather in Chicago?".into(),
+            plan: Some(plan.clone()),
+            results: results.clone(),
+            answer: answer.into(),
+            ..Default::default()
+        };
+        let mut client = m.client.clone();
+        async move { client.review(request).await.unwrap().into_inner().review.unwrap() }
+    };
+    let invented = review("It is 25 °C in Chicago, with wind off Lake Michigan.").await;
+    assert_eq!(invented.unsupported_claims, ["25", "Lake", "Michigan"]);
+    let grounded = review("It is 21 °C in Chicago.").await;
+    assert!(grounded.unsupported_claims.is_empty(), "{:?}", grounded.unsupported_claims);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replace_ungrounded_answers_an_invented_answer_is_replaced_by_the_facts() {
+    let replies = vec![
+        ScriptedReply::openai_stream(&["It is ", "25 °C in Chicago."]),
+        ScriptedReply::openai_stream(&["It is ", "21 °C in Chicago."]),
+        ScriptedReply::openai_stream(&["The weather ", "is pleasant."]),
+    ];
+    let Some(mut m) = mesh_with(Backend::Sqlite, replies, true).await else { return };
+    let (plan, results) = weather_only();
+    let request = || pb::SynthesizeRequest {
+        request_id: "req_replace".into(),
+        query: "What is the weather in Chicago?".into(),
+        plan: Some(plan.clone()),
+        results: results.clone(),
+        ..Default::default()
+    };
+    let (invented, _) = collect(&mut m.client, request()).await.unwrap();
+    assert_eq!(invented, ["From the results: city: Chicago; temp c: 21."]);
+    // A grounded answer is sent as the model wrote it, whole.
+    let (grounded, _) = collect(&mut m.client, request()).await.unwrap();
+    assert_eq!(grounded, ["It is 21 °C in Chicago."]);
+    // One that states none of the values is replaced too.
+    let (vague, _) = collect(&mut m.client, request()).await.unwrap();
+    assert_eq!(vague, ["From the results: city: Chicago; temp c: 21."]);
+    // The prompt listed the facts.
+    let user = m.llm.requests()[0].body["messages"][1]["content"].as_str().unwrap_or_default().to_owned();
+    assert!(user.contains("Facts to use") && user.contains("- s1 temp_c: 21"), "{user}");
 }
