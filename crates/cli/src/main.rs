@@ -11,6 +11,7 @@ mod ask;
 mod config;
 mod connect;
 mod demo;
+mod eval;
 mod executions;
 mod mcp;
 mod mcp_stdio;
@@ -63,6 +64,10 @@ enum Command {
     Plan(plan::PlanArgs),
     /// List the LLM calls the planner made for a request.
     Interactions(plan::InteractionsArgs),
+    /// Measure plans (and answers) on a set of requests whose right tools
+    /// are known: valid plans, zero-step accuracy, node and edge F1,
+    /// repeated steps, grounded answers, latency, tokens.
+    Eval(eval::EvalArgs),
     /// Run a plan file on the executor, following its progress; fails unless it completes.
     Run(executions::RunArgs),
     /// List, inspect, follow and cancel executions.
@@ -267,6 +272,7 @@ async fn run(command: Command, config: config::Config) -> anyhow::Result<()> {
         Command::McpStdio(args) => mcp_stdio::run(args).await,
         Command::Plan(args) => plan::plan(args).await,
         Command::Interactions(args) => plan::interactions(args).await,
+        Command::Eval(args) => eval::eval(args).await,
         Command::Token(args) => token::token(&args),
     }
 }
