@@ -186,13 +186,20 @@ pub struct Hints {
     /// It reaches outside systems (the web, other services).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_world: Option<bool>,
+    /// The agent honours the `Idempotency-Key` the executor sends (the same
+    /// on every attempt of a step): a call repeated with a key it has seen
+    /// answers with the first call's result without doing the work again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<bool>,
 }
 
 impl Hints {
     /// Whether a second call after an ambiguous failure (timeout, lost
-    /// connection) is safe: read-only or idempotent, or not declared either way.
+    /// connection) is safe: read-only or idempotent, or not declared either
+    /// way, or the agent honours the idempotency key.
     pub fn retry_safe(hints: Option<&Hints>) -> bool {
-        hints.is_none_or(|h| h.read_only == Some(true) || h.idempotent != Some(false))
+        hints
+            .is_none_or(|h| h.read_only == Some(true) || h.idempotent != Some(false) || h.idempotency_key == Some(true))
     }
 }
 

@@ -53,6 +53,7 @@ fn hints(tool: &Tool) -> Option<Hints> {
         destructive: Some(annotations.and_then(|a| a.destructive_hint).unwrap_or(!read_only)),
         idempotent: Some(annotations.and_then(|a| a.idempotent_hint).unwrap_or(read_only)),
         open_world: Some(annotations.and_then(|a| a.open_world_hint).unwrap_or(true)),
+        idempotency_key: None,
     })
 }
 

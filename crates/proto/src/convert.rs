@@ -87,6 +87,7 @@ pub fn hints_to_pb(hints: &Hints) -> pb::CapabilityHints {
         destructive: hints.destructive,
         idempotent: hints.idempotent,
         open_world: hints.open_world,
+        idempotency_key: hints.idempotency_key,
     }
 }
 
@@ -97,6 +98,7 @@ pub fn hints_from_pb(hints: &pb::CapabilityHints) -> Hints {
         destructive: hints.destructive,
         idempotent: hints.idempotent,
         open_world: hints.open_world,
+        idempotency_key: hints.idempotency_key,
     }
 }
 

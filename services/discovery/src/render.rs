@@ -296,6 +296,7 @@ fn xml_hints(x: &mut String, hints: &Hints) {
         ("destructive", hints.destructive),
         ("idempotent", hints.idempotent),
         ("open_world", hints.open_world),
+        ("idempotency_key", hints.idempotency_key),
     ] {
         if let Some(value) = value {
             let _ = write!(x, r#" {name}="{value}""#);

@@ -22,6 +22,13 @@ async fn a_call_that_may_have_run_is_not_repeated_for_a_non_idempotent_capabilit
         ("charge", Behavior::Always(slow.clone())),
         ("lookup", Behavior::Always(slow)),
         ("refund", Behavior::Sequence(vec![Answer::status(503, json!({"error": "busy"})), Answer::ok(json!({}))])),
+        (
+            "transfer",
+            Behavior::Sequence(vec![
+                Answer::ok(json!({"done": true})).after(Duration::from_secs(3)),
+                Answer::ok(json!({"transferred": 10})),
+            ]),
+        ),
     ])
     .await
     .unwrap();
@@ -33,6 +40,10 @@ async fn a_call_that_may_have_run_is_not_repeated_for_a_non_idempotent_capabilit
     let mut bank = agent.registration("bank", &[("refund", None)]);
     bank["skills"][0]["hints"] = json!({"idempotent": false, "destructive": true});
     mesh.register(&bank).await;
+    // Not idempotent, but the agent honours the Idempotency-Key: a repeat is safe.
+    let mut ledger = agent.registration("ledger", &[("transfer", None)]);
+    ledger["skills"][0]["hints"] = json!({"idempotent": false, "idempotency_key": true});
+    mesh.register(&ledger).await;
 
     let events = mesh
         .run(
@@ -40,6 +51,7 @@ async fn a_call_that_may_have_run_is_not_repeated_for_a_non_idempotent_capabilit
                 step("s1", "shop", "charge", json!({"amount": 10}), &[]),
                 step("s2", "catalog", "lookup", json!({}), &[]),
                 step("s3", "bank", "refund", json!({}), &[]),
+                step("s4", "ledger", "transfer", json!({"amount": 10}), &[]),
             ]),
             options(2, 200),
         )
@@ -69,6 +81,12 @@ async fn a_call_that_may_have_run_is_not_repeated_for_a_non_idempotent_capabilit
     // A 503 says the call was not taken: retried although not idempotent.
     assert_eq!(agent.calls_to("refund").len(), 2);
     assert_eq!(event_for(&events, Kind::StepSucceeded, "s3").attempt, 2);
+
+    // The agent honours the key: retried after the timeout, with the same key.
+    let transfers = agent.calls_to("transfer");
+    assert_eq!(transfers.len(), 2, "{:?}", kinds(&events));
+    assert_eq!(transfers[0].headers.get("idempotency-key"), transfers[1].headers.get("idempotency-key"));
+    assert_eq!(event_for(&events, Kind::StepSucceeded, "s4").attempt, 2);
 }
 
 agentmesh_testkit::both_backends!(a_call_that_may_have_run_is_not_repeated_for_a_non_idempotent_capability);
