@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agentmesh_proto::v1 as pb;
+use agentmesh_proto::v1::planner_service_client::PlannerServiceClient;
+use agentmesh_telemetry::rpc::TracedChannel;
 use anyhow::Context;
 use clap::Args;
 use pb::orchestrate_response::Event;
@@ -249,20 +251,28 @@ fn steps_of(plan: Option<&pb::Plan>) -> Vec<(String, String, Vec<String>, Value)
     .unwrap_or_default()
 }
 
+/// The services a run talks to, connected once.
+struct Targets {
+    /// The planner (plans, and every request's tokens), when reachable.
+    planner: Option<PlannerServiceClient<TracedChannel>>,
+    /// The gateway, when cases run through it.
+    gateway: Option<TracedChannel>,
+}
+
 /// Tokens of a request's LLM calls, from the planner's interaction log.
-async fn tokens(planner: &str, request_id: &str) -> Option<u64> {
-    let mut client = crate::plan::client(planner).await.ok()?;
+async fn tokens(planner: Option<&PlannerServiceClient<TracedChannel>>, request_id: &str) -> Option<u64> {
+    let mut client = planner?.clone();
     let listed =
         client.list_interactions(pb::ListInteractionsRequest { request_id: request_id.to_owned() }).await.ok()?;
     let calls = listed.into_inner().interactions;
     (!calls.is_empty()).then(|| calls.iter().map(|i| u64::from(i.prompt_tokens) + u64::from(i.completion_tokens)).sum())
 }
 
-async fn run_case(args: &EvalArgs, case: &Case, model: &str) -> Observed {
+async fn run_case(targets: &Targets, case: &Case, model: &str) -> Observed {
     let request_id = agentmesh_server::new_request_id();
     let started = Instant::now();
     let mut observed = Observed::default();
-    if let Some(gateway) = &args.gateway {
+    if let Some(gateway) = &targets.gateway {
         let request = pb::OrchestrateRequest {
             request_id: request_id.clone(),
             query: case.request.clone(),
@@ -270,7 +280,7 @@ async fn run_case(args: &EvalArgs, case: &Case, model: &str) -> Observed {
             model: model.to_owned(),
             ..Default::default()
         };
-        match orchestrate(gateway, request).await {
+        match orchestrate(gateway.clone(), request).await {
             Ok((plan, grounded)) => {
                 observed.steps = steps_of(plan.as_ref());
                 observed.grounded = grounded;
@@ -285,26 +295,25 @@ async fn run_case(args: &EvalArgs, case: &Case, model: &str) -> Observed {
             model: model.to_owned(),
             ..Default::default()
         };
-        match crate::plan::client(&args.planner).await {
-            Ok(mut client) => match client.create_plan(request).await {
+        match targets.planner.clone() {
+            Some(mut client) => match client.create_plan(request).await {
                 Ok(answer) => observed.steps = steps_of(answer.into_inner().plan.as_ref()),
                 Err(status) => observed.error = Some(status.message().to_owned()),
             },
-            Err(e) => observed.error = Some(format!("{e:#}")),
+            None => observed.error = Some("the planner is not reachable".into()),
         }
     }
     observed.latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    observed.tokens = tokens(&args.planner, &request_id).await;
+    observed.tokens = tokens(targets.planner.as_ref(), &request_id).await;
     observed
 }
 
 /// The first plan of an orchestration, and whether its answer was grounded
 /// (the last review names no unsupported claim).
 async fn orchestrate(
-    gateway: &str,
+    channel: TracedChannel,
     request: pb::OrchestrateRequest,
 ) -> anyhow::Result<(Option<pb::Plan>, Option<bool>)> {
-    let channel = crate::connect::connect(gateway, "the gateway", "agentmesh up").await?;
     let mut stream = agentmesh_proto::v1::gateway_service_client::GatewayServiceClient::new(channel)
         .orchestrate(request)
         .await
@@ -403,6 +412,14 @@ fn table(runs: &[(String, Vec<Score>, Totals)], markdown: bool) -> String {
 /// Runs `agentmesh eval`.
 pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let cases = read_cases(&args.file)?;
+    let targets = match &args.gateway {
+        Some(url) => Targets {
+            // Only for tokens, then: the run goes on without them.
+            planner: crate::plan::client(&args.planner).await.ok(),
+            gateway: Some(crate::connect::connect(url, "the gateway", "agentmesh up").await?),
+        },
+        None => Targets { planner: Some(crate::plan::client(&args.planner).await?), gateway: None },
+    };
     let mut models = vec![args.model.clone().unwrap_or_default()];
     models.extend(args.compare.clone());
     let mut runs = Vec::new();
@@ -412,7 +429,7 @@ pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
             if !args.json {
                 eprint!("\r{}/{} {}", i + 1, cases.len(), case.id);
             }
-            scores.push(score(case, &run_case(&args, case, model).await));
+            scores.push(score(case, &run_case(&targets, case, model).await));
         }
         if !args.json {
             eprintln!();

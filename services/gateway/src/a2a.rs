@@ -103,16 +103,13 @@ fn ask_skill() -> Value {
 /// The catalog's healthy capabilities as skills (ids and descriptions,
 /// never addresses), read with `token` (else as the gateway).
 async fn catalog_skills(a2a: &A2a, token: Option<&str>) -> Vec<Value> {
-    let mut request = tonic::Request::new(pb::ListCapabilitiesRequest {
+    let listing = pb::ListCapabilitiesRequest {
         include_descriptions: Some(true),
         health_status: pb::HealthStatus::Active as i32,
         limit: u32::try_from(MAX_CARD_SKILLS).unwrap_or(200),
         ..Default::default()
-    });
-    if let Some(value) = token.and_then(|t| t.parse().ok()) {
-        request.metadata_mut().insert("authorization", value);
-    }
-    request.set_timeout(std::time::Duration::from_secs(5));
+    };
+    let request = crate::service::as_caller(token, listing, std::time::Duration::from_secs(5));
     let mut skills = Vec::new();
     match a2a.discovery.clone().list_capabilities(request).await {
         Ok(answer) => {
@@ -543,12 +540,9 @@ async fn cancel_task(
     let Some(execution_id) = progress.details["execution_id"].as_str().filter(|e| !e.is_empty()) else {
         return refuse(id, code::TASK_NOT_CANCELABLE, "the task is still being planned: nothing runs yet to cancel");
     };
-    let mut request =
-        tonic::Request::new(pb::CancelExecutionRequest { execution_id: execution_id.to_owned(), ..Default::default() });
-    if let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
-        request.metadata_mut().insert("authorization", value);
-    }
-    request.set_timeout(std::time::Duration::from_secs(30));
+    let cancel = pb::CancelExecutionRequest { execution_id: execution_id.to_owned(), ..Default::default() };
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let request = crate::service::as_caller(authorization, cancel, std::time::Duration::from_secs(30));
     if let Err(status) = a2a.shared.clients.executor.clone().cancel_execution(request).await {
         return refuse(id, code::TASK_NOT_CANCELABLE, format!("the execution was not cancelled: {}", status.message()));
     }

@@ -154,18 +154,15 @@ impl MeshServer {
     /// them; names that collide or are too long are left out.
     async fn capability_tools(&self, token: Option<&str>) -> Result<Vec<CapabilityTool>, ErrorData> {
         let Some(catalog) = &self.catalog else { return Ok(Vec::new()) };
-        let mut request = tonic::Request::new(pb::ListCapabilitiesRequest {
+        let listing = pb::ListCapabilitiesRequest {
             include_input_schema: true,
             include_output_schema: true,
             include_descriptions: Some(true),
             health_status: pb::HealthStatus::Active as i32,
             limit: MAX_CAPABILITY_TOOLS,
             ..Default::default()
-        });
-        if let Some(value) = token.and_then(|t| t.parse().ok()) {
-            request.metadata_mut().insert("authorization", value);
-        }
-        request.set_timeout(std::time::Duration::from_secs(10));
+        };
+        let request = crate::service::as_caller(token, listing, std::time::Duration::from_secs(10));
         let answer = catalog
             .clone()
             .list_capabilities(request)
@@ -218,7 +215,7 @@ impl MeshServer {
         arguments: Option<serde_json::Map<String, Value>>,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let (principal, token) = caller(context);
+        let (principal, _) = caller(context);
         let plan = json!({
             "reasoning": format!("`{}` called as an MCP tool", chosen.tool.name),
             "steps": [{"step_id": "s1", "agent": chosen.agent, "capability": chosen.capability,
@@ -236,9 +233,7 @@ impl MeshServer {
         if let Ok(value) = request_id.parse() {
             request.metadata_mut().insert("x-request-id", value);
         }
-        if let Some(value) = token.and_then(|t| t.parse().ok()) {
-            request.metadata_mut().insert("authorization", value);
-        }
+        // Like an orchestration's: the gateway calls, for the caller, who owns the execution.
         agentmesh_server::auth::on_behalf_of(&mut request, &principal.name);
         request.set_timeout(self.shared.request_timeout);
         let mut events = self

@@ -215,6 +215,18 @@ impl Shared {
     }
 }
 
+/// A call to another service made with the caller's own bearer token
+/// (`authorization`, when it sent one), so that the service applies its
+/// own rules to the caller, allowed `timeout`.
+pub fn as_caller<T>(authorization: Option<&str>, message: T, timeout: Duration) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(value) = authorization.and_then(|v| v.parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request.set_timeout(timeout);
+    request
+}
+
 /// The gRPC service.
 pub struct GatewayGrpc {
     /// Shared with REST.

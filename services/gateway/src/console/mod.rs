@@ -169,12 +169,8 @@ async fn page_request(State(c): State<Arc<Console>>, Path(id): Path<String>) -> 
 /// A call to a service made with the caller's own credentials, so that
 /// the service applies its own rules to the caller.
 fn as_caller<T>(headers: &HeaderMap, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    if let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
-        request.metadata_mut().insert("authorization", value);
-    }
-    request.set_timeout(std::time::Duration::from_secs(30));
-    request
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    crate::service::as_caller(authorization, message, std::time::Duration::from_secs(30))
 }
 
 /// A failed call, in the REST error shape.
