@@ -50,7 +50,8 @@ async fn an_a2a_sdk_agent_serves_a_plan_streaming_in_1_0() {
     assert_eq!(skill["examples"][0], json!({"message": "100 USD in EUR"}));
     assert_eq!(skill["input_schema"]["required"], json!(["message"]));
 
-    let messages = mesh.orchestrate("How much is 100 USD in EUR?").await;
+    // The request names all three conversions: none is an unasked repeat.
+    let messages = mesh.orchestrate("Convert 100 USD in EUR, 100 XXX in EUR, and then convert my savings").await;
     // Completed: the artifact's text and data are the output.
     let output = outcome(&messages, "s1").unwrap();
     assert_eq!(output["text"], "100 USD = 92.00 EUR", "{output}");

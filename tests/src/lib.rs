@@ -122,6 +122,9 @@ impl Mesh {
                 llm_retries: 0,
                 ..PlannerConfig::default().llm
             },
+            // Scripted models answer scripted plans: ranking by meaning is
+            // for the real one (its gate would answer some requests itself).
+            embeddings: if options.real_llm.is_some() { "local".into() } else { "none".into() },
             ..PlannerConfig::with_database_url(db.url.clone())
         };
         secure(&mut planner_config.service);

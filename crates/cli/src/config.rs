@@ -118,7 +118,7 @@ fn section_of(key: &str) -> Option<&'static str> {
 /// Variables starting with `AGENTMESH_` that the CLI reads by name, beside
 /// the `AGENTMESH_<SECTION>__<KEY>` settings (the test suite's own are
 /// listed so that its runs stay quiet).
-const KNOWN_VARIABLES: [&str; 21] = [
+const KNOWN_VARIABLES: [&str; 22] = [
     "AGENTMESH_CONFIG",
     "AGENTMESH_TOKEN",
     "AGENTMESH_AGENT_LISTEN",
@@ -130,6 +130,7 @@ const KNOWN_VARIABLES: [&str; 21] = [
     "AGENTMESH_PLANNER_URL",
     "AGENTMESH_EXECUTOR_URL",
     "AGENTMESH_GATEWAY_URL",
+    "AGENTMESH_EMBEDDINGS_DIR",
     "AGENTMESH_TEST_DATABASE_URL",
     "AGENTMESH_LLAMA_URL",
     "AGENTMESH_SMOLLM2_GGUF",

@@ -298,6 +298,10 @@ pub async fn run(
     }
     config.planner.llm.llm.clone_from(&llm);
     config.synthesis.llm.llm.clone_from(&llm);
+    // The stories are the scripted model's: ranking by meaning would answer
+    // "What time is it in CST?" before the model could invent time-tool-v1,
+    // and whether it does must not depend on the model files being here.
+    config.planner.embeddings = "none".into();
     if !args.serve {
         // Any free ports: a demo runs beside a mesh that is already up.
         let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));

@@ -22,6 +22,26 @@ pub fn joins_several_asks(query: &str) -> bool {
         .any(|w| ["and", "then", "also", "plus"].iter().any(|j| w.eq_ignore_ascii_case(j)))
 }
 
+/// The asks a request joins (`… and …`, `then`, `also`, `plus`), each
+/// as written; the request itself when it joins none.
+pub fn asks(query: &str) -> Vec<String> {
+    let mut parts = vec![String::new()];
+    for word in query.split_inclusive(char::is_whitespace) {
+        let bare = word.trim().trim_matches(|c: char| !c.is_alphanumeric());
+        if ["and", "then", "also", "plus"].iter().any(|j| bare.eq_ignore_ascii_case(j)) {
+            parts.push(String::new());
+        } else if let Some(last) = parts.last_mut() {
+            last.push_str(word);
+        }
+    }
+    let parts: Vec<String> = parts
+        .into_iter()
+        .map(|p| p.trim().trim_matches(|c: char| c == ',' || c == ';').trim().to_owned())
+        .filter(|p| p.chars().any(char::is_alphanumeric))
+        .collect();
+    if parts.len() < 2 { vec![query.trim().to_owned()] } else { parts }
+}
+
 /// Words that say nothing about which tool is wanted.
 const STOP_WORDS: [&str; 40] = [
     "a", "an", "and", "are", "at", "be", "by", "can", "do", "for", "from", "give", "how", "i", "in", "is", "it", "me",
@@ -64,9 +84,18 @@ fn document(c: &AllowedCapability) -> Vec<String> {
     words
 }
 
-/// Indices of `catalog` ranked by relevance to `query`, best first; ties
-/// (and capabilities matching no word) keep catalog order.
-pub fn rank(query: &str, catalog: &[AllowedCapability]) -> Vec<(usize, f64)> {
+/// How well one capability matches a request's words.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Lexical {
+    /// The BM25 score (0: no word shared).
+    pub score: f64,
+    /// The share of the request's words (weighted by how rare they are in
+    /// the catalog) that the capability contains: 0 to 1.
+    pub coverage: f64,
+}
+
+/// Each capability's match with `query`, in catalog order.
+pub fn score(query: &str, catalog: &[AllowedCapability]) -> Vec<Lexical> {
     const K1: f64 = 1.2;
     const B: f64 = 0.75;
     let docs: Vec<Vec<String>> = catalog.iter().map(document).collect();
@@ -81,27 +110,39 @@ pub fn rank(query: &str, catalog: &[AllowedCapability]) -> Vec<(usize, f64)> {
             *df.entry(word).or_default() += 1;
         }
     }
-    let query = query_tokens(query);
-    let mut scored: Vec<(usize, f64)> = docs
-        .iter()
-        .enumerate()
-        .map(|(i, doc)| {
+    let mut query = query_tokens(query);
+    query.sort_unstable();
+    query.dedup();
+    let idf = |q: &str| {
+        let d = *df.get(q).unwrap_or(&0) as f64;
+        ((n - d + 0.5) / (d + 0.5) + 1.0).ln()
+    };
+    let total_idf: f64 = query.iter().map(|q| idf(q)).sum();
+    docs.iter()
+        .map(|doc| {
             let len = doc.len() as f64;
-            let score = query
-                .iter()
-                .map(|q| {
-                    let tf = doc.iter().filter(|w| *w == q).count() as f64;
-                    if tf == 0.0 {
-                        return 0.0;
-                    }
-                    let d = *df.get(q.as_str()).unwrap_or(&0) as f64;
-                    let idf = ((n - d + 0.5) / (d + 0.5) + 1.0).ln();
-                    idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / avg_len))
-                })
-                .sum();
-            (i, score)
+            let mut lexical = Lexical::default();
+            for q in &query {
+                let tf = doc.iter().filter(|w| *w == q).count() as f64;
+                if tf == 0.0 {
+                    continue;
+                }
+                let weight = idf(q);
+                lexical.score += weight * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / avg_len));
+                lexical.coverage += weight;
+            }
+            if total_idf > 0.0 {
+                lexical.coverage /= total_idf;
+            }
+            lexical
         })
-        .collect();
+        .collect()
+}
+
+/// Indices of `catalog` ranked by relevance to `query`, best first; ties
+/// (and capabilities matching no word) keep catalog order.
+pub fn rank(query: &str, catalog: &[AllowedCapability]) -> Vec<(usize, f64)> {
+    let mut scored: Vec<(usize, f64)> = score(query, catalog).into_iter().map(|l| l.score).enumerate().collect();
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     scored
 }
@@ -136,6 +177,12 @@ mod tests {
         assert_eq!(tokens("get_current-weather:v2"), ["get", "current", "weath", "v2"]);
         assert_eq!(query_tokens("Calculate 17 * 23 for me"), ["calcul"]);
         assert!(joins_several_asks("Weather in Paris and 2 * 3?") && !joins_several_asks("Band names"));
+        assert_eq!(
+            asks("What is the weather in Chicago, and then what is 100 * 3?"),
+            ["What is the weather in Chicago", "what is 100 * 3?"]
+        );
+        assert_eq!(asks("Band names"), ["Band names"]);
+        assert_eq!(asks("and"), ["and"]);
         assert_eq!(tokens("calculation-agent evaluates"), ["calcul", "agent", "evalu"]);
     }
 }

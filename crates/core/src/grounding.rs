@@ -255,6 +255,11 @@ fn names(text: &str) -> Vec<String> {
     out
 }
 
+/// Whether `text` holds a number (a date or time counts).
+pub fn has_number(text: &str) -> bool {
+    !numbers(text).is_empty()
+}
+
 /// Whether `answer` states `fact`'s value: one of its numbers (rounded
 /// as the answer writes it), or its text.
 pub fn states(answer: &str, fact: &Fact) -> bool {

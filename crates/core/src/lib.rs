@@ -8,6 +8,7 @@ pub mod execution;
 pub mod fence;
 pub mod grounding;
 pub mod health;
+pub mod hybrid;
 pub mod import;
 pub mod index;
 pub mod llm;

@@ -3,10 +3,20 @@
 //! work a second time: a second email sent, a meeting booked twice. Such a
 //! step is merged into the first one: the steps that waited on it wait on
 //! the first, and its `{{id.output…}}` references name the first.
+//!
+//! A step that calls the same capability with other parameters is merged
+//! too when the request does not ask for it: none of the values it adds
+//! (strings and numbers not in the earlier call) is named in the request.
+//! "Weather in Paris and London" keeps both calls (London is named);
+//! "How many kilometres are 26.2 miles?" planned as a conversion of 26.2
+//! and then of 10.58 keeps one (10.58 is not). A step whose parameters
+//! read another step's output is data-driven and never merged this way.
 
 use std::collections::{HashMap, HashSet};
 
-use crate::plan::Plan;
+use serde_json::Value;
+
+use crate::plan::{Plan, PlanStep};
 
 /// A step merged into an earlier, identical one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,11 +46,44 @@ fn waits_on<'a>(plan: &'a Plan, step: &'a str) -> HashSet<&'a str> {
     seen
 }
 
+/// The string and number values of `value` at any depth, lowercased.
+fn values(value: &Value, out: &mut HashSet<String>) {
+    match value {
+        Value::String(s) if !s.trim().is_empty() => {
+            out.insert(s.trim().to_lowercase());
+        }
+        Value::Number(n) => {
+            out.insert(n.to_string());
+        }
+        Value::Array(items) => items.iter().for_each(|v| values(v, out)),
+        Value::Object(map) => map.values().for_each(|v| values(v, out)),
+        _ => {}
+    }
+}
+
+/// Whether `step` repeats `kept`'s call without the request asking for it:
+/// the same agent and capability, no reference to another step's output,
+/// and no value of its own that the request names.
+fn unasked(kept: &PlanStep, step: &PlanStep, request: &str) -> bool {
+    if kept.agent != step.agent || kept.capability != step.capability {
+        return false;
+    }
+    if !crate::reference::references_in(&step.parameters).is_empty() {
+        return false;
+    }
+    let (mut earlier, mut own) = (HashSet::new(), HashSet::new());
+    values(&kept.parameters, &mut earlier);
+    values(&step.parameters, &mut own);
+    let request = request.to_lowercase();
+    !own.difference(&earlier).any(|v| request.contains(v.as_str()))
+}
+
 /// Merges every step that repeats an earlier one (same agent, capability
-/// and parameters, once references to merged steps are renamed) into that
+/// and parameters, once references to merged steps are renamed, or other
+/// parameters that `request` does not name: see the module docs) into that
 /// earlier step, and says which were merged. A step is not merged into one
 /// that waits on it.
-pub fn merge_repeated_steps(plan: &mut Plan) -> Vec<Merged> {
+pub fn merge_repeated_steps(plan: &mut Plan, request: &str) -> Vec<Merged> {
     let mut merged = Vec::new();
     let mut renamed: HashMap<String, String> = HashMap::new();
     let mut index = 0;
@@ -50,7 +93,7 @@ pub fn merge_repeated_steps(plan: &mut Plan) -> Vec<Merged> {
         let earlier = plan.steps[..index].iter().find(|kept| {
             kept.agent == step.agent
                 && kept.capability == step.capability
-                && kept.parameters == step.parameters
+                && (kept.parameters == step.parameters || unasked(kept, step, request))
                 && !waits_on(plan, &kept.step_id).contains(step.step_id.as_str())
         });
         match earlier {
@@ -96,7 +139,7 @@ mod tests {
             {"step_id": "s2", "agent": "mail", "capability": "send_email", "parameters": {"to": "alice", "subject": "notes"}},
             {"step_id": "s3", "agent": "log", "capability": "record", "parameters": {"what": "{{s2.output.id}}"}, "depends_on": ["s2"]},
         ]));
-        let merged = merge_repeated_steps(&mut p);
+        let merged = merge_repeated_steps(&mut p, "");
         assert_eq!(
             merged,
             vec![Merged {
@@ -123,7 +166,7 @@ mod tests {
             booking("s5", "review"),
             booking("s6", "standup"),
         ]));
-        let merged = merge_repeated_steps(&mut p);
+        let merged = merge_repeated_steps(&mut p, "Book the standup and the review");
         assert_eq!(merged.len(), 4);
         let ids: Vec<&str> = p.steps.iter().map(|s| s.step_id.as_str()).collect();
         assert_eq!(ids, ["s1", "s5"]);
@@ -138,9 +181,29 @@ mod tests {
             {"step_id": "d", "agent": "w", "capability": "now", "parameters": {"at": "{{b.output}}"}, "depends_on": ["b"]},
             {"step_id": "e", "agent": "sum", "capability": "join", "parameters": {}, "depends_on": ["c", "d", "a"]},
         ]));
-        let merged = merge_repeated_steps(&mut p);
+        let merged = merge_repeated_steps(&mut p, "");
         assert_eq!(merged.iter().map(|m| m.removed.as_str()).collect::<Vec<_>>(), ["b", "d"]);
         assert_eq!(p.steps.last().map(|s| s.depends_on.clone()), Some(vec!["c".to_owned(), "a".to_owned()]));
+    }
+
+    #[test]
+    fn other_parameters_stay_only_when_the_request_names_them() {
+        let weather = |id: &str, city: &str| json!({"step_id": id, "agent": "w", "capability": "now", "parameters": {"location": city}});
+        let mut p = plan(json!([weather("s1", "Paris"), weather("s2", "London"), weather("s3", "Berlin")]));
+        let merged = merge_repeated_steps(&mut p, "Weather in Paris and London?");
+        assert_eq!(merged.iter().map(|m| m.removed.as_str()).collect::<Vec<_>>(), ["s3"]);
+        let convert = |id: &str, value: f64| json!({"step_id": id, "agent": "units", "capability": "convert_length", "parameters": {"value": value}});
+        let mut second = convert("s2", 10.58);
+        second["depends_on"] = json!(["s1"]);
+        let mut p = plan(json!([convert("s1", 26.2), second]));
+        assert_eq!(merge_repeated_steps(&mut p, "How many kilometres are 26.2 miles?").len(), 1);
+        assert_eq!(p.steps.len(), 1);
+        // Reading another step's output: a data-driven repeat, kept.
+        let mut p = plan(json!([
+            {"step_id": "s1", "agent": "web", "capability": "search", "parameters": {"q": "rust"}},
+            {"step_id": "s2", "agent": "web", "capability": "search", "parameters": {"q": "{{s1.output.next}}"}, "depends_on": ["s1"]},
+        ]));
+        assert!(merge_repeated_steps(&mut p, "search rust twice").is_empty());
     }
 
     #[test]
@@ -149,7 +212,7 @@ mod tests {
             {"step_id": "s1", "agent": "x", "capability": "poll", "parameters": {}, "depends_on": ["s2"]},
             {"step_id": "s2", "agent": "x", "capability": "poll", "parameters": {}},
         ]));
-        assert!(merge_repeated_steps(&mut p).is_empty());
+        assert!(merge_repeated_steps(&mut p, "").is_empty());
         assert_eq!(p.steps.len(), 2);
     }
 }

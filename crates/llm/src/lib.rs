@@ -19,6 +19,7 @@
 
 pub mod anthropic;
 pub mod chain;
+pub mod embeddings;
 #[cfg(test)]
 mod fuzz;
 pub mod gemini;

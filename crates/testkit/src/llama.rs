@@ -78,3 +78,18 @@ pub async fn start(what: &str) -> Option<LlamaServer> {
     assert!(ready(&server.base_url, Duration::from_secs(180)).await, "llama_cpp.server did not start within 180 s");
     Some(server)
 }
+
+/// The in-process embedding model of the semantic tests (all-MiniLM-L6-v2,
+/// from `AGENTMESH_EMBEDDINGS_DIR` or the planner's default directory).
+/// Under `CI=true` its absence fails `test`; elsewhere it is reported and
+/// `None` tells the test to skip.
+pub fn minilm(test: &str) -> Option<agentmesh_llm::embeddings::MiniLm> {
+    let dir = agentmesh_llm::embeddings::default_local_dir();
+    if !dir.join("model.safetensors").is_file() {
+        let why = format!("{test} needs the all-MiniLM-L6-v2 files in {} (.ci/run fetches them)", dir.display());
+        assert!(!in_ci(), "{why}");
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(agentmesh_llm::embeddings::MiniLm::load(&dir).unwrap_or_else(|e| panic!("{test}: {e}")))
+}

@@ -62,6 +62,7 @@ async fn setup_with(
             llm_structured: "json_schema".into(),
             ..PlannerConfig::default().llm
         },
+        embeddings: "none".into(),
         ..PlannerConfig::with_database_url(planner_db.url.clone())
     };
     tokio::spawn(async move {

@@ -4,7 +4,8 @@
 //! model does, the answer is a valid plan, a zero-step plan with a reason, or
 //! an actionable error.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_core::plan::{
@@ -15,7 +16,9 @@ use agentmesh_telemetry::{EVENT_LOG_TARGET, span_event};
 use serde_json::{Value, json};
 
 use crate::prompt::{pair_id, plan_messages, preselect_messages};
-use agentmesh_core::bm25;
+use agentmesh_core::{bm25, hybrid};
+
+use crate::semantic::Semantic;
 
 /// Limits and thresholds of the planning loop.
 #[derive(Debug, Clone)]
@@ -42,6 +45,13 @@ pub struct PlannerSettings {
     pub bounds: PlanBounds,
     /// Most capabilities pre-selection may keep.
     pub preselect_max: usize,
+    /// With embeddings: below this relevance (0 to 1) for every
+    /// capability, nothing fits and the plan has no step, without asking
+    /// the model ([`agentmesh_core::hybrid`]); 0 turns the gate off.
+    pub min_relevance: f64,
+    /// With embeddings: how many of the best-ranked capabilities the
+    /// pre-selection call chooses among (`lexical_limit` without).
+    pub semantic_limit: usize,
 }
 
 impl Default for PlannerSettings {
@@ -57,9 +67,18 @@ impl Default for PlannerSettings {
             max_tokens: 2048,
             bounds: PlanBounds::default(),
             preselect_max: 5,
+            min_relevance: DEFAULT_MIN_RELEVANCE,
+            semantic_limit: 10,
         }
     }
 }
+
+/// With embeddings, how much less relevant than the model's first pick a
+/// further pick of a single-ask request may be and still be kept.
+const SECOND_PICK_MARGIN: f64 = 0.05;
+
+/// The default of [`PlannerSettings::min_relevance`].
+pub const DEFAULT_MIN_RELEVANCE: f64 = 0.22;
 
 /// Why the planner called an LLM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,15 +226,39 @@ fn render(messages: &[Message]) -> String {
     messages.iter().map(|m| format!("[{:?}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n")
 }
 
+/// The asks (with their best capability) that no step of `plan` serves.
+fn unserved<'a>(plan: &Plan, asks: &'a [(String, AllowedCapability)]) -> Vec<&'a (String, AllowedCapability)> {
+    asks.iter()
+        .filter(|(_, c)| !plan.steps.iter().any(|s| s.agent == c.agent && s.capability == c.capability))
+        .collect()
+}
+
+/// Candidates ranked for a request.
+struct Ranking {
+    /// Every capability, best first.
+    candidates: Vec<hybrid::Candidate>,
+    /// Whether meaning counted (embeddings on and answering).
+    by_meaning: bool,
+    /// For a request joining several asks, each ask and its best
+    /// capability (catalog index) when relevant enough.
+    ask_best: Vec<(String, usize)>,
+}
+
 /// The planner.
 pub struct Planner {
     settings: PlannerSettings,
+    semantic: Option<Arc<Semantic>>,
 }
 
 struct Run<'a> {
     llm: &'a dyn LlmProvider,
     stats: PlanStats,
     interactions: Vec<Interaction>,
+    /// Why nothing fits, when pre-selection decided so without the model.
+    nothing_fits: Option<String>,
+    /// The asks of a request joining several, each with its best
+    /// capability: a plan serving only some of them is asked for again once.
+    asks: Vec<(String, AllowedCapability)>,
 }
 
 impl Run<'_> {
@@ -277,7 +320,71 @@ impl From<LlmError> for PlanningError {
 impl Planner {
     /// A planner with these settings.
     pub fn new(settings: PlannerSettings) -> Self {
-        Self { settings }
+        Self { settings, semantic: None }
+    }
+
+    /// The same planner ranking candidates by meaning too (hybrid pre-selection).
+    pub fn with_semantic(mut self, semantic: Arc<Semantic>) -> Self {
+        self.semantic = Some(semantic);
+        self
+    }
+
+    /// The catalog's vectors, when ranking by meaning.
+    pub fn semantic(&self) -> Option<&Arc<Semantic>> {
+        self.semantic.as_ref()
+    }
+
+    /// Each capability's scores for `query`, best first: by words and
+    /// meaning when embeddings are on and answer, by words otherwise. A
+    /// request joining several asks ("the weather in Paris and the news")
+    /// is ranked ask by ask too, each capability keeping its best relevance,
+    /// so that the second ask's tool is not drowned by the first's.
+    async fn rank(&self, query: &str, catalog: &[AllowedCapability]) -> Ranking {
+        let Some(semantic) = &self.semantic else {
+            return Ranking { candidates: hybrid::rank(query, catalog, None), by_meaning: false, ask_best: Vec::new() };
+        };
+        let asks = bm25::asks(query);
+        let mut texts = vec![query.to_owned()];
+        if asks.len() > 1 {
+            texts.extend(asks.iter().cloned());
+        }
+        let similarities = match semantic.similarities_of(&texts, catalog).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(embedder = semantic.name(), error = %e, "embedding failed; ranking by words only");
+                return Ranking {
+                    candidates: hybrid::rank(query, catalog, None),
+                    by_meaning: false,
+                    ask_best: Vec::new(),
+                };
+            }
+        };
+        let mut candidates = hybrid::rank(query, catalog, Some(&similarities[0]));
+        let mut ask_best = Vec::new();
+        if asks.len() > 1 {
+            let mut best_of: Vec<f64> = vec![0.0; catalog.len()];
+            for c in &candidates {
+                best_of[c.index] = c.relevance;
+            }
+            for (ask, similarities) in asks.iter().zip(&similarities[1..]) {
+                let ranked = hybrid::rank(ask, catalog, Some(similarities));
+                if let Some(top) = ranked.first()
+                    && top.relevance >= self.settings.min_relevance
+                {
+                    ask_best.push((ask.clone(), top.index));
+                }
+                for c in ranked {
+                    best_of[c.index] = best_of[c.index].max(c.relevance);
+                }
+            }
+            for c in &mut candidates {
+                c.relevance = best_of[c.index];
+            }
+            candidates.sort_by(|a, b| {
+                b.relevance.total_cmp(&a.relevance).then(b.fused.total_cmp(&a.fused)).then(a.index.cmp(&b.index))
+            });
+        }
+        Ranking { candidates, by_meaning: true, ask_best }
     }
 
     /// Narrows `catalog` for `query` when above the threshold: a lexical
@@ -292,14 +399,47 @@ impl Planner {
         query: &str,
         catalog: &[AllowedCapability],
     ) -> Result<Vec<AllowedCapability>, PlanningError> {
-        if catalog.len() <= self.settings.preselect_threshold {
+        let semantic = self.semantic.is_some();
+        if !semantic && catalog.len() <= self.settings.preselect_threshold {
             return Ok(catalog.to_vec());
         }
-        let ranked: Vec<(usize, f64)> =
-            bm25::rank(query, catalog).into_iter().take(self.settings.lexical_limit).collect();
-        let candidates: Vec<AllowedCapability> = ranked.iter().map(|(i, _)| catalog[*i].clone()).collect();
+        let Ranking { candidates: ranked, by_meaning, ask_best } = self.rank(query, catalog).await;
+        if !by_meaning && catalog.len() <= self.settings.preselect_threshold {
+            // Embeddings failed: as without them.
+            return Ok(catalog.to_vec());
+        }
+        if by_meaning {
+            let best = ranked.iter().max_by(|a, b| a.relevance.total_cmp(&b.relevance));
+            if let Some(best) = best
+                && best.relevance < self.settings.min_relevance
+            {
+                let closest = &catalog[best.index];
+                let reason = format!(
+                    "none of the available capabilities is relevant to this request (the closest, {}:{}, \
+                     scores {:.2}, under the planner's min_relevance of {:.2})",
+                    closest.agent, closest.capability, best.relevance, self.settings.min_relevance
+                );
+                tracing::info!(
+                    request_id = current_request_id(),
+                    best = %pair_id(closest),
+                    relevance = best.relevance,
+                    min_relevance = self.settings.min_relevance,
+                    "nothing relevant enough: a zero-step plan without asking the model"
+                );
+                run.nothing_fits = Some(reason);
+                run.stats.preselected = Some(0);
+                return Ok(Vec::new());
+            }
+            if catalog.len() <= self.settings.preselect_threshold {
+                // Small catalogs are shown whole, best first.
+                return Ok(ranked.iter().map(|c| catalog[c.index].clone()).collect());
+            }
+        }
+        let limit = if by_meaning { self.settings.semantic_limit } else { self.settings.lexical_limit };
+        let ranked: Vec<hybrid::Candidate> = ranked.into_iter().take(limit).collect();
+        let candidates: Vec<AllowedCapability> = ranked.iter().map(|c| catalog[c.index].clone()).collect();
         let shares_a_word: HashSet<String> =
-            ranked.iter().filter(|(_, score)| *score > 0.0).map(|(i, _)| pair_id(&catalog[*i])).collect();
+            ranked.iter().filter(|c| c.bm25 > 0.0).map(|c| pair_id(&catalog[c.index])).collect();
         let ids: Vec<String> = candidates.iter().map(pair_id).collect();
         let schema = ResponseSchema {
             name: "selection".into(),
@@ -337,19 +477,36 @@ impl Planner {
         // pick must share a word with the request, or the request must join
         // several asks: small models pad their answer with whatever is
         // listed next, and a plan then uses it.
+        // By meaning, it must also be about as relevant as the first pick.
         let first = selected.iter().find(|s| ids.contains(s));
         let several = bm25::joins_several_asks(query);
+        let relevance: HashMap<String, f64> =
+            ranked.iter().map(|c| (pair_id(&catalog[c.index]), c.relevance)).collect();
+        let first_relevance = first.and_then(|f| relevance.get(f)).copied().unwrap_or(0.0);
+        let close_to_first =
+            |id: &str| !by_meaning || relevance.get(id).is_some_and(|r| *r >= first_relevance - SECOND_PICK_MARGIN);
         let mut kept: Vec<AllowedCapability> = candidates
             .into_iter()
             .filter(|c| {
                 let id = pair_id(c);
-                wanted.contains(id.as_str()) && (Some(&id) == first || several || shares_a_word.contains(&id))
+                wanted.contains(id.as_str())
+                    && (Some(&id) == first || several || (shares_a_word.contains(&id) && close_to_first(&id)))
             })
             .collect();
         if kept.len() + invented.len() < selected.len() {
             tracing::debug!(selected = ?selected, kept = kept.len(), "pre-selection picks sharing no word with the request dropped");
         }
         kept.sort_by_key(|c| selected.iter().position(|s| *s == pair_id(c)));
+        // Each ask of the request brings its best match: small models
+        // often pick for the first ask only.
+        for (ask, i) in ask_best {
+            let best = &catalog[i];
+            if !kept.iter().any(|k| k.agent == best.agent && k.capability == best.capability) {
+                tracing::debug!(capability = %pair_id(best), "added as the best match of one of the request's asks");
+                kept.push(best.clone());
+            }
+            run.asks.push((ask, best.clone()));
+        }
         run.stats.preselected = Some(kept.len());
         Ok(kept)
     }
@@ -387,6 +544,8 @@ impl Planner {
             llm,
             stats: PlanStats { catalog_size: catalog.len(), ..Default::default() },
             interactions: Vec::new(),
+            nothing_fits: None,
+            asks: Vec::new(),
         };
         match self.plan_in(&mut run, query, catalog, first_kind).await {
             // The calls made until the provider failed, the failed one with
@@ -415,10 +574,18 @@ impl Planner {
                 interactions: std::mem::take(&mut run.interactions),
             });
         }
-        let mut allowed = self.preselect(run, query, catalog).await?;
+        // A collaboration request names its capabilities: no ranking.
+        let mut allowed = if first_kind == InteractionKind::Replan {
+            catalog.to_vec()
+        } else {
+            self.preselect(run, query, catalog).await?
+        };
         if allowed.is_empty() {
-            let plan =
-                Plan { reasoning: "none of the available capabilities fits this request".into(), steps: Vec::new() };
+            let reasoning = run
+                .nothing_fits
+                .take()
+                .unwrap_or_else(|| "none of the available capabilities fits this request".into());
+            let plan = Plan { reasoning, steps: Vec::new() };
             return Ok(PlanOutcome {
                 plan,
                 stats: std::mem::take(&mut run.stats),
@@ -430,6 +597,7 @@ impl Planner {
         let mut feedback: Option<String> = None;
         let mut kind = first_kind;
         let mut hallucinated = false;
+        let mut asks_retried = false;
         let mut attempts = 0;
         let mut bounds = self.settings.bounds;
         loop {
@@ -500,12 +668,27 @@ impl Planner {
                     kind = InteractionKind::PlanRetry;
                     continue;
                 }
+                // A request joining several asks, planned for only some.
+                Ok(valid) if !asks_retried && !valid.steps.is_empty() && !unserved(&valid, &run.asks).is_empty() => {
+                    asks_retried = true;
+                    run.stats.validation_retries += 1;
+                    run.stats.retries += 1;
+                    let missing: Vec<String> = unserved(&valid, &run.asks)
+                        .iter()
+                        .map(|(ask, c)| {
+                            format!("- the request also asks \"{ask}\": add a step for it ({})\n", pair_id(c))
+                        })
+                        .collect();
+                    feedback = Some(missing.concat());
+                    kind = InteractionKind::PlanRetry;
+                    continue;
+                }
                 Ok(mut valid) => {
                     if valid.steps.is_empty() && valid.reasoning.trim().is_empty() {
                         valid.reasoning = "the model found no listed capability that fits and gave no reason".into();
                     }
                     // The same call twice would do its work twice (two emails sent).
-                    for merged in agentmesh_core::repeats::merge_repeated_steps(&mut valid) {
+                    for merged in agentmesh_core::repeats::merge_repeated_steps(&mut valid, query) {
                         run.stats.repeated_steps_merged += 1;
                         tracing::warn!(
                             request_id = current_request_id(),
@@ -513,7 +696,7 @@ impl Planner {
                             kept = %merged.kept,
                             agent = %merged.agent,
                             capability = %merged.capability,
-                            "a plan step repeated an earlier one (same agent, capability and parameters): merged into it"
+                            "a plan step repeated an earlier call (same agent and capability, and the same parameters or none the request names): merged into it"
                         );
                     }
                     if hallucinated {

@@ -11,6 +11,7 @@ pub mod prompt;
 /// The provider chain (`--llm a:m,b:m`), shared with the other LLM services.
 pub use agentmesh_llm::chain as providers;
 pub mod routes;
+pub mod semantic;
 pub mod service;
 
 use std::future::Future;
@@ -55,6 +56,17 @@ pub struct PlannerConfig {
     pub max_query_chars: usize,
     /// Most steps a plan may have (the planning schema's bound).
     pub max_plan_steps: usize,
+    /// Embeddings for ranking capabilities by meaning as well as by words:
+    /// `local` (all-MiniLM-L6-v2 in process, from `AGENTMESH_EMBEDDINGS_DIR`
+    /// or `~/.cache/agentmesh/models/all-MiniLM-L6-v2`; words only when its
+    /// files are not there), `local:DIR`, `openai:MODEL` (and `vllm`,
+    /// `llamacpp`, `ollama`), `gemini:MODEL`, or `none`.
+    pub embeddings: String,
+    /// Base URL of the embedding server (else the provider's environment variable).
+    pub embeddings_base_url: Option<String>,
+    /// With embeddings: the relevance (0 to 1) under which no capability
+    /// fits and the plan has no step; 0 turns it off.
+    pub min_relevance: f64,
 }
 
 agentmesh_server::flat_settings!(PlannerConfig { service, llm });
@@ -76,6 +88,9 @@ impl Default for PlannerConfig {
             hallucination_retries: 1,
             max_query_chars: 4_000,
             max_plan_steps: PlanBounds::default().max_steps,
+            embeddings: "local".into(),
+            embeddings_base_url: None,
+            min_relevance: engine::DEFAULT_MIN_RELEVANCE,
         }
     }
 }
@@ -91,6 +106,11 @@ impl PlannerConfig {
             (1..=50).contains(&self.max_plan_steps),
             "max_plan_steps must be between 1 and 50, got {}",
             self.max_plan_steps
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.min_relevance),
+            "min_relevance must be between 0 and 1, got {}",
+            self.min_relevance
         );
         Ok(())
     }
@@ -116,10 +136,30 @@ pub async fn serve_with_listener(
         parse_retries: config.parse_retries,
         hallucination_retries: config.hallucination_retries,
         bounds: PlanBounds { max_steps: config.max_plan_steps, ..PlanBounds::default() },
+        min_relevance: config.min_relevance,
         ..Default::default()
     };
+    let mut planner = Planner::new(settings);
+    // The catalog stream ends with the planner: an open stream would hold
+    // discovery's graceful shutdown (in one process, `agentmesh up`).
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(semantic) = semantic(&config)? {
+        let follow = semantic.clone().follow(reasoning.discovery.clone());
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = follow => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        });
+        planner = planner.with_semantic(semantic);
+    }
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
     let service = service::PlannerGrpc {
-        planner: Planner::new(settings),
+        planner,
         llm: reasoning.llm.clone(),
         discovery: reasoning.discovery.clone(),
         log: reasoning.log.clone(),
@@ -137,6 +177,38 @@ pub async fn serve_with_listener(
         .depends_on(reasoning.dependencies())
         .serve(&config.service, listener, shutdown)
         .await
+}
+
+/// The catalog's vector index, when `embeddings` is on (and, for the
+/// default `local`, its files are there).
+fn semantic(config: &PlannerConfig) -> anyhow::Result<Option<Arc<semantic::Semantic>>> {
+    use agentmesh_llm::embeddings::{self, Built, EmbeddingOptions};
+    let options = EmbeddingOptions {
+        base_url: config.embeddings_base_url.clone(),
+        http: agentmesh_llm::HttpSettings {
+            timeout: std::time::Duration::from_secs(config.llm.llm_timeout_secs),
+            ca_file: config.llm.llm_ca_file.clone(),
+            ..Default::default()
+        },
+    };
+    match embeddings::build(&config.embeddings, &options).context("embeddings")? {
+        Built::On(embedder) => {
+            tracing::info!(
+                embedder = embedder.name(),
+                min_relevance = config.min_relevance,
+                "ranking capabilities by words and meaning"
+            );
+            Ok(Some(Arc::new(semantic::Semantic::new(embedder))))
+        }
+        Built::Off => {
+            tracing::info!("embeddings off: ranking capabilities by words only");
+            Ok(None)
+        }
+        Built::Missing(why) => {
+            tracing::warn!("{why}; ranking capabilities by words only");
+            Ok(None)
+        }
+    }
 }
 
 /// Which roles each call needs when authentication is on: clients,

@@ -69,6 +69,8 @@ fn plan_with(agent: &str, capability: &str, parameters: Value) -> ScriptedReply 
 
 /// Starts the planner on an ephemeral port; returns its address once it accepts connections.
 async fn spawn_planner(config: PlannerConfig) -> (SocketAddr, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    // Scripted answers: ranking by meaning (tests/semantic.rs) stays out.
+    let config = PlannerConfig { embeddings: "none".into(), ..config };
     let listener = bind_local().await.unwrap();
     let addr = listener.local_addr().unwrap();
     let planner = tokio::spawn(agentmesh_planner::serve_with_listener(config, listener, std::future::pending()));

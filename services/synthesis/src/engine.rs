@@ -182,9 +182,18 @@ impl Grounding {
     }
 
     /// Whether `answer` states at least one of the facts (true when there
-    /// are none).
+    /// are none): one of the numbers, when the results hold numbers, as
+    /// they are what a small model's generic answer leaves out ("The
+    /// weather in Chicago is sunny" for a result of 21 °C and sunny).
     pub fn uses_facts(&self, answer: &str) -> bool {
-        self.facts.is_empty() || self.facts.iter().any(|f| agentmesh_core::grounding::states(answer, f))
+        use agentmesh_core::grounding::{has_number, states};
+        let numeric: Vec<&agentmesh_core::grounding::Fact> =
+            self.facts.iter().filter(|f| has_number(&f.value)).collect();
+        if numeric.is_empty() {
+            self.facts.is_empty() || self.facts.iter().any(|f| states(answer, f))
+        } else {
+            numeric.iter().any(|f| states(answer, f))
+        }
     }
 }
 
