@@ -147,6 +147,9 @@ pub struct Capability {
     pub(crate) description: String,
     pub(crate) tags: Vec<String>,
     pub(crate) internal: bool,
+    /// What calling it does to the world (`read_only`, `destructive`,
+    /// `idempotent`, `idempotency_key`), as registered.
+    pub(crate) hints: serde_json::Map<String, Value>,
     pub(crate) input_schema: Value,
     pub(crate) output_schema: Value,
     pub(crate) handler: Arc<Handler>,
@@ -247,6 +250,7 @@ impl Capability {
             description,
             tags: Vec::new(),
             internal: false,
+            hints: serde_json::Map::new(),
             input_schema: schema_for::<I>(),
             output_schema: output_schema_for::<O>(),
             handler: Arc::new(erased),
@@ -266,6 +270,45 @@ impl Capability {
     #[must_use]
     pub fn internal(mut self) -> Self {
         self.internal = true;
+        self
+    }
+
+    /// Declares that it changes nothing: the executor may retry it after
+    /// a timeout, and a plan may call it freely.
+    #[must_use]
+    pub fn read_only(self) -> Self {
+        self.hint("read_only", true)
+    }
+
+    /// Declares that it may delete or overwrite: a review never runs it
+    /// again on its own (it asks the user), and it is not retried after a
+    /// timeout unless it is idempotent or honours the idempotency key.
+    #[must_use]
+    pub fn destructive(self) -> Self {
+        self.hint("destructive", true).hint("read_only", false)
+    }
+
+    /// Declares whether calling it twice with the same input does more
+    /// than calling it once (`false`: not retried after a timeout).
+    #[must_use]
+    pub fn idempotent(self, idempotent: bool) -> Self {
+        self.hint("idempotent", idempotent)
+    }
+
+    /// Declares that a call repeated with an idempotency key already seen
+    /// answers with the first call's result without doing the work again,
+    /// so the executor may retry it after a timeout even when it is not
+    /// idempotent. This SDK answers repeated keys from memory while the
+    /// process runs (the last 4,096); declare it when the handler also keeps
+    /// its own record of [`Call::idempotency_key`] across restarts, or when
+    /// a repeat after a restart does no harm.
+    #[must_use]
+    pub fn honours_idempotency_key(self) -> Self {
+        self.hint("idempotency_key", true)
+    }
+
+    fn hint(mut self, name: &str, value: bool) -> Self {
+        self.hints.insert(name.to_owned(), Value::Bool(value));
         self
     }
 
@@ -291,13 +334,17 @@ impl Capability {
 
     /// The capability as a registration lists it.
     pub(crate) fn registration(&self) -> Value {
-        json!({
+        let mut registration = json!({
             "id": self.id,
             "description": self.description,
             "tags": self.tags,
             "input_schema": self.input_schema,
             "output_schema": self.output_schema,
             "internal": self.internal,
-        })
+        });
+        if !self.hints.is_empty() {
+            registration["hints"] = Value::Object(self.hints.clone());
+        }
+        registration
     }
 }

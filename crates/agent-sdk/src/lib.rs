@@ -282,7 +282,8 @@ impl Agent {
         self.capability(Capability::reasoner(id, description, handler))
     }
 
-    /// Adds a capability built with [`Capability`] (for tags or `internal`).
+    /// Adds a capability built with [`Capability`] (for tags, `internal`
+    /// or hints such as `destructive`).
     #[must_use]
     pub fn capability(mut self, capability: Capability) -> Self {
         self.capabilities.push(capability);

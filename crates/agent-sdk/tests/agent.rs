@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use agentmesh_agent::{Agent, AgentError, Call, Options};
+use agentmesh_agent::{Agent, AgentError, Call, Capability, Options};
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_testkit::{TestDatabase, spawn_discovery};
 use schemars::JsonSchema;
@@ -88,6 +88,39 @@ async fn an_agent_registers_serves_and_deregisters() {
     running.stop().await.unwrap();
     let gone = http.get(format!("{}/api/v1/agents/word-counter", discovery.url())).send().await.unwrap();
     assert_eq!(gone.status(), 404);
+}
+
+#[tokio::test]
+async fn hints_say_what_a_capability_does_to_the_world() {
+    let db = TestDatabase::sqlite();
+    let discovery = spawn_discovery(DiscoveryConfig::with_database_url(db.url.clone())).await.unwrap();
+    let send = Capability::skill("send_email", "Sends an email", |_: Call, input: Text| async move {
+        Ok(Count { words: input.text.split_whitespace().count() })
+    })
+    .destructive()
+    .idempotent(false)
+    .honours_idempotency_key();
+    let look = Capability::skill("count", "Counts words", |_: Call, input: Text| async move {
+        Ok(Count { words: input.text.split_whitespace().count() })
+    })
+    .read_only();
+    let running = Agent::new("mailer")
+        .capability(send)
+        .capability(look)
+        .start(Options::discovery(discovery.url()))
+        .await
+        .unwrap();
+    let http = agentmesh_testkit::http_client();
+    let stored: serde_json::Value =
+        http.get(format!("{}/api/v1/agents/mailer", discovery.url())).send().await.unwrap().json().await.unwrap();
+    let hints = |i: usize| stored["skills"][i]["hints"].clone();
+    assert_eq!(
+        hints(0),
+        json!({"destructive": true, "read_only": false, "idempotent": false, "idempotency_key": true}),
+        "{stored}"
+    );
+    assert_eq!(hints(1), json!({"read_only": true}), "{stored}");
+    running.stop().await.unwrap();
 }
 
 #[tokio::test]

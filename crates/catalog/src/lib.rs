@@ -16,6 +16,8 @@
 
 mod reasoning;
 
+use std::collections::HashSet;
+
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_core::{CapabilityKind, Pattern};
 use agentmesh_proto::v1 as pb;
@@ -70,6 +72,9 @@ pub struct Catalog {
     pub capabilities: Vec<AllowedCapability>,
     /// Inactive agents left out (their ids, sorted).
     pub inactive: Vec<String>,
+    /// The capabilities declared destructive (`hints.destructive`, and not
+    /// read-only), as `(agent, capability)`.
+    pub destructive: HashSet<(String, String)>,
 }
 
 impl Catalog {
@@ -122,6 +127,9 @@ pub async fn fetch(
             }
             for (kind, list) in [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)] {
                 for c in list.iter().filter(|c| !c.internal) {
+                    if c.hints.as_ref().is_some_and(|h| h.destructive == Some(true) && h.read_only != Some(true)) {
+                        out.destructive.insert((agent.id.clone(), c.id.clone()));
+                    }
                     out.capabilities.push(AllowedCapability {
                         agent: agent.id.clone(),
                         capability: c.id.clone(),
@@ -158,9 +166,9 @@ mod tests {
     #[test]
     fn the_health_note_names_what_was_left_out() {
         assert_eq!(Catalog::default().health_note(), "");
-        let one = Catalog { capabilities: Vec::new(), inactive: vec!["clock".into()] };
+        let one = Catalog { inactive: vec!["clock".into()], ..Default::default() };
         assert!(one.health_note().starts_with("1 agent was left out as inactive (no recent heartbeat): clock;"));
-        let many = Catalog { capabilities: Vec::new(), inactive: (0..7).map(|i| format!("a{i}")).collect() };
+        let many = Catalog { inactive: (0..7).map(|i| format!("a{i}")).collect(), ..Default::default() };
         assert!(many.health_note().contains("a0, a1, a2, a3, a4 and 2 more; set include_unhealthy"));
     }
 

@@ -118,7 +118,7 @@ fn section_of(key: &str) -> Option<&'static str> {
 /// Variables starting with `AGENTMESH_` that the CLI reads by name, beside
 /// the `AGENTMESH_<SECTION>__<KEY>` settings (the test suite's own are
 /// listed so that its runs stay quiet).
-const KNOWN_VARIABLES: [&str; 22] = [
+const KNOWN_VARIABLES: [&str; 23] = [
     "AGENTMESH_CONFIG",
     "AGENTMESH_TOKEN",
     "AGENTMESH_AGENT_LISTEN",
@@ -138,6 +138,7 @@ const KNOWN_VARIABLES: [&str; 22] = [
     "AGENTMESH_REAL_MODEL_ONLY",
     "AGENTMESH_REAL_MODEL_RUNS",
     "AGENTMESH_REAL_MODEL_VERBOSE",
+    "AGENTMESH_REAL_MODEL_REPEAT",
     "AGENTMESH_INTEROP_DIR",
     "AGENTMESH_CHROMIUM",
     "AGENTMESH_CHROMEDRIVER",

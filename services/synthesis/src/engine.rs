@@ -579,6 +579,52 @@ impl Synthesizer {
     }
 }
 
+/// Turns each recovery action that would run a destructive capability
+/// again into a question for the user, saying so: a `retry_step` of a
+/// step whose capability is declared destructive (it may have done part of
+/// its work before failing), or an `add_step` of a destructive capability
+/// a step of this run already called. Small models propose "send it again"
+/// freely; the recovery round must not send the email twice on its own.
+/// `destructive` holds `(agent, capability)` pairs; returns how many were
+/// turned.
+pub fn guard_destructive(
+    verdict: &mut Verdict,
+    outcome: &RunOutcome,
+    destructive: &HashSet<(String, String)>,
+) -> usize {
+    let is_destructive =
+        |agent: &str, capability: &str| destructive.contains(&(agent.to_owned(), capability.to_owned()));
+    let mut turned = 0;
+    for action in &mut verdict.actions {
+        let again = match action {
+            Action::RetryStep { step_id, reason } => outcome
+                .steps
+                .iter()
+                .find(|s| s.step.step_id == *step_id)
+                .filter(|s| is_destructive(&s.step.agent, &s.step.capability))
+                .map(|s| (format!("running {step_id} ({}/{}) again", s.step.agent, s.step.capability), reason.clone())),
+            Action::AddStep { agent, capability, reason, .. } => outcome
+                .steps
+                .iter()
+                .find(|s| s.step.agent == *agent && s.step.capability == *capability && s.state != StepState::Skipped)
+                .filter(|_| is_destructive(agent, capability))
+                .map(|s| (format!("calling {agent}/{capability} again (as {} did)", s.step.step_id), reason.clone())),
+            Action::AskUser { .. } => None,
+        };
+        if let Some((what, reason)) = again {
+            let proposed = if reason.is_empty() { String::new() } else { format!(" The review proposed it: {reason}") };
+            *action = Action::AskUser {
+                reason: format!(
+                    "{what} may repeat what it already did: the capability is declared destructive, so it runs \
+                     again only if you ask for it.{proposed}"
+                ),
+            };
+            turned += 1;
+        }
+    }
+    turned
+}
+
 /// A JSON object cut off before its end (an answer stopped at the token
 /// limit), closed where it stops: an open string ended, a dangling `,` or
 /// `"key":` dropped, every open array and object closed. `None` when there
@@ -758,6 +804,43 @@ mod tests {
         assert_eq!(v.dropped.len(), 3, "{:?}", v.dropped);
         assert!(v.dropped[0].contains("time-tool-v1/now` is not in the catalog"), "{:?}", v.dropped);
         assert!(v.dropped[1].contains("`s1` is not a step that failed"), "{:?}", v.dropped);
+    }
+
+    #[test]
+    fn a_destructive_step_is_not_run_again_without_the_user() {
+        let mut outcome = outcome();
+        outcome.steps[1].step = step("s2", "mailer", "send_email");
+        let verdict = |actions: Vec<Action>| Verdict {
+            goal_achieved: false,
+            confidence: 0.5,
+            summary: String::new(),
+            missing_data: Vec::new(),
+            actions,
+            dropped: Vec::new(),
+            unsupported_claims: Vec::new(),
+        };
+        let destructive: HashSet<(String, String)> = [("mailer".to_owned(), "send_email".to_owned())].into();
+        let mut v = verdict(vec![
+            Action::RetryStep { step_id: "s2".into(), reason: "it timed out".into() },
+            Action::AddStep {
+                agent: "mailer".into(),
+                capability: "send_email".into(),
+                query: "send it".into(),
+                reason: String::new(),
+            },
+            Action::AddStep { agent: "tz".into(), capability: "lookup".into(), query: "q".into(), reason: "r".into() },
+            Action::RetryStep { step_id: "s1".into(), reason: "again".into() },
+        ]);
+        assert_eq!(guard_destructive(&mut v, &outcome, &destructive), 2);
+        let Action::AskUser { reason } = &v.actions[0] else { panic!("{:?}", v.actions[0]) };
+        assert!(reason.starts_with("running s2 (mailer/send_email) again may repeat what it already did"), "{reason}");
+        assert!(reason.ends_with("The review proposed it: it timed out"), "{reason}");
+        let Action::AskUser { reason } = &v.actions[1] else { panic!("{:?}", v.actions[1]) };
+        assert!(reason.starts_with("calling mailer/send_email again (as s2 did)"), "{reason}");
+        assert!(matches!(v.actions[2], Action::AddStep { .. }) && matches!(v.actions[3], Action::RetryStep { .. }));
+        // Not declared destructive: left as proposed.
+        let mut v = verdict(vec![Action::RetryStep { step_id: "s2".into(), reason: "r".into() }]);
+        assert_eq!(guard_destructive(&mut v, &outcome, &HashSet::new()), 0);
     }
 
     #[test]

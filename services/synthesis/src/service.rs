@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentmesh_core::fence::Fence;
-use agentmesh_core::plan::AllowedCapability;
 use agentmesh_llm::{Completion, CompletionRequest, LlmError, LlmProvider, Message, Preferred, Role};
 use agentmesh_proto::convert::{effort_from_pb, step_from_pb};
 use agentmesh_proto::json::from_value;
@@ -278,17 +277,17 @@ impl Inner {
         }
     }
 
-    async fn catalog(&self, request_id: &str) -> Vec<AllowedCapability> {
+    async fn catalog(&self, request_id: &str) -> agentmesh_catalog::Catalog {
         let mut discovery = self.discovery.clone();
         match agentmesh_catalog::fetch(&mut discovery, &[], false, request_id).await {
-            Ok(catalog) => catalog.capabilities,
+            Ok(catalog) => catalog,
             Err(status) => {
                 tracing::warn!(
                     request_id,
                     error = %status.message(),
                     "discovery is unavailable; the review judges without a catalog and suggests no new steps"
                 );
-                Vec::new()
+                agentmesh_catalog::Catalog::default()
             }
         }
     }
@@ -300,7 +299,8 @@ impl Inner {
         principal: &str,
     ) -> Result<pb::ReviewResponse, Status> {
         let outcome = run_outcome(&r.query, r.plan.as_ref(), &r.results, "");
-        let catalog = self.catalog(request_id).await;
+        let fetched = self.catalog(request_id).await;
+        let catalog = fetched.capabilities;
         let candidates = self.synthesizer.review_candidates(&r.query, &catalog);
         let fence = Fence::with_nonce(&format!("{:016x}", rand::random::<u64>()));
         let base = self.synthesizer.review_request(&outcome, &r.answer, &candidates, &fence);
@@ -327,6 +327,14 @@ impl Inner {
             total.total_tokens = total.total_tokens.saturating_add(u.total_tokens);
             match self.synthesizer.read_review(&completion.text, &outcome, &catalog) {
                 Ok(mut verdict) => {
+                    let turned = crate::engine::guard_destructive(&mut verdict, &outcome, &fetched.destructive);
+                    if turned > 0 {
+                        tracing::warn!(
+                            request_id,
+                            turned,
+                            "the review proposed running a destructive capability again: asking the user instead"
+                        );
+                    }
                     // Compared, not judged by the model.
                     let grounding = crate::engine::Grounding::of(&outcome, self.synthesizer.settings().max_facts);
                     verdict.unsupported_claims = grounding.unsupported_claims(&r.answer);

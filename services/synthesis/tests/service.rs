@@ -294,6 +294,50 @@ async fn a_review_keeps_only_actions_that_can_be_acted_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_does_not_run_a_destructive_step_again_without_saying_so() {
+    let review = json!({
+        "summary": "The email may not have been sent.", "missing_data": [], "goal_achieved": false,
+        "confidence": 0.6,
+        "recovery_actions": [
+            {"kind": "retry_step", "agent": "", "capability": "", "step_id": "s1", "query": "", "reason": "it timed out"}
+        ]
+    });
+    let Some(mut m) = mesh(Backend::Sqlite, vec![ScriptedReply::openai_content(&review.to_string())]).await else {
+        return;
+    };
+    register(
+        &m._discovery.url(),
+        json!({"id": "mailer", "base_url": "http://m:1", "skills": [
+        {"id": "send_email", "description": "Sends an email", "hints": {"destructive": true, "idempotent": false}}]}),
+    )
+    .await;
+    let plan = pb::Plan { reasoning: String::new(), steps: vec![step("s1", "mailer", "send_email")] };
+    let results = vec![result("s1", pb::StepStatus::Failed, None, "timed out after 30 s")];
+    let response = m
+        .client
+        .review(pb::ReviewRequest {
+            request_id: "req_destructive".into(),
+            query: "Email the report to alice@example.com".into(),
+            plan: Some(plan),
+            results,
+            answer: "The email could not be confirmed.".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let review = response.review.unwrap();
+    assert_eq!(review.recovery_actions.len(), 1, "{:?}", review.recovery_actions);
+    let action = &review.recovery_actions[0];
+    assert_eq!(action.kind, pb::RecoveryActionKind::AskUser as i32, "{action:?}");
+    assert!(
+        action.reason.contains("running s1 (mailer/send_email) again may repeat what it already did"),
+        "{action:?}"
+    );
+    assert!(action.reason.contains("declared destructive") && action.reason.contains("it timed out"), "{action:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_review_is_asked_again_then_reported() {
     let Some(mut m) = mesh(
         Backend::Sqlite,

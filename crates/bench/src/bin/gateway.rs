@@ -93,6 +93,8 @@ async fn mesh(dir: &std::path::Path) -> anyhow::Result<Mesh> {
     let planner_config = agentmesh_planner::PlannerConfig {
         discovery_url: format!("http://{discovery}"),
         llm: agentmesh_planner::LlmSettings { llm: llm.clone(), ..agentmesh_planner::PlannerConfig::default().llm },
+        // The replayed plans are for these requests whatever their relevance.
+        embeddings: "none".into(),
         ..agentmesh_planner::PlannerConfig::with_database_url(db("planner"))
     };
     let planner = spawn(|l| agentmesh_planner::serve_with_listener(planner_config, l, pending())).await?;

@@ -52,6 +52,11 @@ struct Args {
     /// The request planned.
     #[arg(long, default_value = "What is the weather in Chicago right now?")]
     query: String,
+    /// The gRPC planner's `embeddings` (`none`: ranking by words, as the
+    /// figures in docs/benchmarks.md; `local` adds embedding the request;
+    /// see `preselect-bench` for what ranking by meaning costs).
+    #[arg(long, default_value = "none")]
+    embeddings: String,
     /// Export every span (100 % sampling) over OTLP/gRPC to a receiver in
     /// this process, to measure what tracing costs.
     #[arg(long)]
@@ -339,6 +344,7 @@ async fn bench_grpc(n: usize, args: &Args, dir: &std::path::Path) -> anyhow::Res
             llm: format!("replay:{}", script_path.display()),
             ..PlannerConfig::default().llm
         },
+        embeddings: args.embeddings.clone(),
         ..PlannerConfig::with_database_url(format!("sqlite://{}", dir.join(format!("planner-{n}.db")).display()))
     };
     let (stop_planner, planner_stopped) = tokio::sync::oneshot::channel::<()>();
