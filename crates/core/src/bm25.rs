@@ -22,6 +22,13 @@ pub fn joins_several_asks(query: &str) -> bool {
         .any(|w| ["and", "then", "also", "plus"].iter().any(|j| w.eq_ignore_ascii_case(j)))
 }
 
+/// Whether a request may name several items for one tool: it joins
+/// several asks, or lists with commas or semicolons ("email Bob, Alice
+/// and Carol").
+pub fn names_several(query: &str) -> bool {
+    joins_several_asks(query) || query.contains([',', ';'])
+}
+
 /// The asks a request joins (`… and …`, `then`, `also`, `plus`), each
 /// as written; the request itself when it joins none.
 pub fn asks(query: &str) -> Vec<String> {
@@ -182,6 +189,7 @@ mod tests {
             ["What is the weather in Chicago", "what is 100 * 3?"]
         );
         assert_eq!(asks("Band names"), ["Band names"]);
+        assert!(names_several("Email Bob, Alice") && names_several("Paris and Rome") && !names_several("Email Bob"));
         assert_eq!(asks("and"), ["and"]);
         assert_eq!(tokens("calculation-agent evaluates"), ["calcul", "agent", "evalu"]);
     }

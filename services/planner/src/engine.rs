@@ -600,6 +600,13 @@ impl Planner {
         let mut asks_retried = false;
         let mut attempts = 0;
         let mut bounds = self.settings.bounds;
+        // A request that names one thing gets at most one step per
+        // capability offered: the grammar has no room for a second call of
+        // the one tool kept (the small model booked a meeting six times).
+        // Whatever a model answers is still merged below.
+        if !bm25::names_several(query) {
+            bounds.max_steps = bounds.max_steps.min(allowed.len().max(1));
+        }
         loop {
             attempts += 1;
             let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed, &bounds) };
