@@ -75,6 +75,9 @@ async fn a_request_streams_its_plan_events_answer_and_review(backend: Backend) {
     assert_eq!(answer.text, "It is 21 °C and sunny in Chicago.");
     assert!(answer.goal_achieved);
     assert!(answer.execution_id.starts_with("exe_") || !answer.execution_id.is_empty());
+    // The review's tokens (the scripted completion's 12 + 7) at least.
+    let usage = answer.usage.unwrap_or_default();
+    assert!(usage.total_tokens >= 19 && usage.prompt_tokens >= 12, "{usage:?}");
 
     // The agent was called with the planned parameters and the request id;
     // synthesis saw its output.

@@ -272,6 +272,7 @@ async fn run_case(targets: &Targets, case: &Case, model: &str) -> Observed {
     let request_id = agentmesh_server::new_request_id();
     let started = Instant::now();
     let mut observed = Observed::default();
+    let mut answering_tokens = None;
     if let Some(gateway) = &targets.gateway {
         let request = pb::OrchestrateRequest {
             request_id: request_id.clone(),
@@ -281,9 +282,10 @@ async fn run_case(targets: &Targets, case: &Case, model: &str) -> Observed {
             ..Default::default()
         };
         match orchestrate(gateway.clone(), request).await {
-            Ok((plan, grounded)) => {
+            Ok((plan, grounded, answering)) => {
                 observed.steps = steps_of(plan.as_ref());
                 observed.grounded = grounded;
+                answering_tokens = answering;
             }
             Err(e) => observed.error = Some(format!("{e:#}")),
         }
@@ -304,33 +306,42 @@ async fn run_case(targets: &Targets, case: &Case, model: &str) -> Observed {
         }
     }
     observed.latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    observed.tokens = tokens(targets.planner.as_ref(), &request_id).await;
+    // The planner's calls, and through the gateway the answers' and reviews'.
+    let planning = tokens(targets.planner.as_ref(), &request_id).await;
+    observed.tokens = match (planning, answering_tokens) {
+        (None, None) => None,
+        (p, a) => Some(p.unwrap_or(0) + a.unwrap_or(0)),
+    };
     observed
 }
 
-/// The first plan of an orchestration, and whether its answer was grounded
-/// (the last review names no unsupported claim).
+/// The first plan of an orchestration, whether its answer was grounded
+/// (the last review names no unsupported claim), and the tokens its
+/// answers and reviews used.
 async fn orchestrate(
     channel: TracedChannel,
     request: pb::OrchestrateRequest,
-) -> anyhow::Result<(Option<pb::Plan>, Option<bool>)> {
+) -> anyhow::Result<(Option<pb::Plan>, Option<bool>, Option<u64>)> {
     let mut stream = agentmesh_proto::v1::gateway_service_client::GatewayServiceClient::new(channel)
         .orchestrate(request)
         .await
         .map_err(|s| crate::connect::rpc_error(&s))?
         .into_inner();
-    let (mut plan, mut review, mut answered) = (None, None, false);
+    let (mut plan, mut review, mut answered, mut usage) = (None, None, false, None);
     while let Some(message) = stream.message().await.map_err(|s| crate::connect::rpc_error(&s))? {
         match message.event {
             Some(Event::PlanCreated(created)) if plan.is_none() => plan = Some(created.plan.unwrap_or_default()),
             Some(Event::Review(r)) => review = Some(r),
-            Some(Event::FinalAnswer(answer)) => answered = !answer.text.trim().is_empty(),
+            Some(Event::FinalAnswer(answer)) => {
+                answered = !answer.text.trim().is_empty();
+                usage = answer.usage.map(|u| u64::from(u.prompt_tokens) + u64::from(u.completion_tokens));
+            }
             Some(Event::Error(e)) => anyhow::bail!("the {} failed ({}): {}", e.service, e.code, e.message),
             _ => {}
         }
     }
     let grounded = review.map(|r| answered && r.unsupported_claims.is_empty());
-    Ok((plan, grounded))
+    Ok((plan, grounded, usage))
 }
 
 fn percent(x: f64) -> String {

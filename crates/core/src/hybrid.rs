@@ -110,16 +110,9 @@ pub fn rank(query: &str, catalog: &[AllowedCapability], similarities: Option<&[f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::CapabilityKind;
 
     fn cap(agent: &str, capability: &str, description: &str) -> AllowedCapability {
-        AllowedCapability {
-            agent: agent.into(),
-            capability: capability.into(),
-            kind: CapabilityKind::Skill,
-            description: description.into(),
-            input_schema: None,
-        }
+        AllowedCapability::skill(agent, capability, description)
     }
 
     fn catalog() -> Vec<AllowedCapability> {

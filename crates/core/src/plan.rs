@@ -258,6 +258,19 @@ pub struct AllowedCapability {
     pub input_schema: Option<Value>,
 }
 
+impl AllowedCapability {
+    /// A skill without an input schema (what a ranking reads: ids and description).
+    pub fn skill(agent: &str, capability: &str, description: &str) -> Self {
+        Self {
+            agent: agent.into(),
+            capability: capability.into(),
+            kind: CapabilityKind::Skill,
+            description: description.into(),
+            input_schema: None,
+        }
+    }
+}
+
 /// One way a plan is invalid.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanError {

@@ -125,7 +125,12 @@ pub fn message(m: &pb::OrchestrateResponse) -> (&'static str, Value) {
         Some(Event::SynthesisChunk(text)) => ("synthesis_chunk", json!({"text": text})),
         Some(Event::Review(r)) => ("review", review(r)),
         Some(Event::FinalAnswer(a)) => {
-            ("final_answer", json!({"text": a.text, "goal_achieved": a.goal_achieved, "execution_id": a.execution_id}))
+            let usage = a.usage.unwrap_or_default();
+            let usage = json!({"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.total_tokens});
+            let answer = json!({"text": a.text, "goal_achieved": a.goal_achieved, "execution_id": a.execution_id,
+                "usage": usage});
+            ("final_answer", answer)
         }
         Some(Event::Error(e)) => ("error", json!({"code": e.code, "message": e.message, "service": e.service})),
         None => ("unknown", json!({})),

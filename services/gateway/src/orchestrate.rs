@@ -68,6 +68,8 @@ pub struct Orchestration {
     deadline: Instant,
     execution_id: String,
     execution_finished: bool,
+    /// Tokens of the answers and reviews so far.
+    usage: pb::TokenUsage,
     /// The execution as its streamed events tell it.
     run: ExecutionState,
     metrics: Arc<Metrics>,
@@ -100,6 +102,7 @@ impl Orchestration {
             deadline: Instant::now() + timeout,
             execution_id: String::new(),
             execution_finished: false,
+            usage: pb::TokenUsage::default(),
             run: ExecutionState::following(Plan::default()),
             owner: String::new(),
         }
@@ -303,7 +306,12 @@ impl Orchestration {
             goal_achieved = review.goal_achieved;
             answer = answer_now;
         }
-        let final_answer = pb::FinalAnswer { text: answer, goal_achieved, execution_id: self.execution_id.clone() };
+        let final_answer = pb::FinalAnswer {
+            text: answer,
+            goal_achieved,
+            execution_id: self.execution_id.clone(),
+            usage: Some(self.usage),
+        };
         self.emit(Event::FinalAnswer(final_answer)).await
     }
 
@@ -405,6 +413,14 @@ impl Orchestration {
         (plan_to_pb(&self.run.plan()), self.run.steps.iter().map(step_result_to_pb).collect())
     }
 
+    fn add_usage(&mut self, usage: Option<&pb::TokenUsage>) {
+        if let Some(u) = usage {
+            self.usage.prompt_tokens = self.usage.prompt_tokens.saturating_add(u.prompt_tokens);
+            self.usage.completion_tokens = self.usage.completion_tokens.saturating_add(u.completion_tokens);
+            self.usage.total_tokens = self.usage.total_tokens.saturating_add(u.total_tokens);
+        }
+    }
+
     /// Reviews the answer and passes the review on.
     async fn review(
         &mut self,
@@ -426,9 +442,9 @@ impl Orchestration {
             }))
             .await
             .map_err(Stop::failed("synthesis"))?
-            .into_inner()
-            .review
-            .unwrap_or_default();
+            .into_inner();
+        self.add_usage(review.usage.as_ref());
+        let review = review.review.unwrap_or_default();
         self.emit(Event::Review(review.clone())).await?;
         Ok(review)
     }
@@ -466,7 +482,10 @@ impl Orchestration {
                     answer.push_str(&text);
                     self.emit(Event::SynthesisChunk(text)).await?;
                 }
-                Some(pb::synthesize_response::Chunk::Done(_)) => return Ok(answer),
+                Some(pb::synthesize_response::Chunk::Done(done)) => {
+                    self.add_usage(done.usage.as_ref());
+                    return Ok(answer);
+                }
                 None => {
                     return Err(Stop::Failed {
                         service: "synthesis",

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_core::CapabilityKind;
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_discovery::DiscoveryConfig;
 use agentmesh_llm::embeddings::Embedder;
@@ -29,13 +28,8 @@ fn model(test: &str) -> Option<Arc<dyn Embedder>> {
 }
 
 fn cap(agent: &str, capability: &str, description: &str) -> AllowedCapability {
-    AllowedCapability {
-        agent: agent.into(),
-        capability: capability.into(),
-        kind: CapabilityKind::Skill,
-        description: description.into(),
-        input_schema: Some(json!({"type": "object", "properties": {"value": {"type": "string"}}})),
-    }
+    let schema = json!({"type": "object", "properties": {"value": {"type": "string"}}});
+    AllowedCapability { input_schema: Some(schema), ..AllowedCapability::skill(agent, capability, description) }
 }
 
 /// 24 capabilities, some near neighbours: pre-selection runs above 20.

@@ -20,7 +20,6 @@
 use std::time::Instant;
 
 use agentmesh_bench::{Latencies, print_table};
-use agentmesh_core::CapabilityKind;
 use agentmesh_core::hybrid::{self, capability_text};
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_llm::embeddings::{Embedder, MiniLm, default_local_dir, similarity};
@@ -119,13 +118,11 @@ fn catalog() -> Vec<AllowedCapability> {
     let mut out = Vec::with_capacity(THINGS.len() * ACTIONS.len());
     for (thing, noun, _) in THINGS {
         for (verb, described, _, _) in ACTIONS {
-            out.push(AllowedCapability {
-                agent: format!("{thing}-service"),
-                capability: format!("{verb}_{thing}"),
-                kind: CapabilityKind::Skill,
-                description: format!("{described} a {noun}"),
-                input_schema: None,
-            });
+            out.push(AllowedCapability::skill(
+                &format!("{thing}-service"),
+                &format!("{verb}_{thing}"),
+                &format!("{described} a {noun}"),
+            ));
         }
     }
     out

@@ -171,14 +171,45 @@ fn vectors(answer: Option<&Vec<Value>>, field: &str, texts: usize) -> Result<Vec
 /// Most texts per request to a server (OpenAI accepts 2,048, Gemini 100).
 const BATCH: usize = 96;
 
-/// OpenAI's `/embeddings` and every server speaking it.
-pub struct OpenAiEmbeddings {
+/// An embedding API over HTTP: its URL, the key's header, the client.
+struct Endpoint {
     name: String,
     model: String,
-    endpoint: String,
+    url: String,
     headers: Vec<(&'static str, String)>,
     http: Http,
 }
+
+impl Endpoint {
+    /// `name` as shown, `path` under `base_url`, the key sent in `header`
+    /// (`authorization` as a bearer token, or a header of its own).
+    fn new(
+        name: String,
+        model: String,
+        (base_url, path): (&str, &str),
+        key: Option<SecretString>,
+        header: &'static str,
+        options: &EmbeddingOptions,
+    ) -> Result<Self, LlmError> {
+        let base = BaseUrl::parse(base_url)?;
+        let http = Http::new(&options.http, &base, key.as_ref().map(|k| k.expose_secret()))?;
+        let value = |k: &SecretString| match header {
+            "authorization" => format!("Bearer {}", k.expose_secret()),
+            _ => k.expose_secret().to_owned(),
+        };
+        let headers = key.iter().map(|k| (header, value(k))).collect();
+        Ok(Self { name, model, url: base.join(path, None), headers, http })
+    }
+
+    /// POSTs `body` and reads the JSON answer (retries as for the LLM).
+    async fn post(&self, body: &Value) -> Result<Value, LlmError> {
+        let post = Post { url: &self.url, headers: &self.headers, body, mode_sensitive: false };
+        self.http.post_json(&post).await.map_err(|f| f.into_error(1))
+    }
+}
+
+/// OpenAI's `/embeddings` and every server speaking it.
+pub struct OpenAiEmbeddings(Endpoint);
 
 impl OpenAiEmbeddings {
     /// Embeddings from `model` at `base_url` (which ends in `/v1`).
@@ -188,60 +219,40 @@ impl OpenAiEmbeddings {
         key: Option<SecretString>,
         options: &EmbeddingOptions,
     ) -> Result<Self, LlmError> {
-        let base = BaseUrl::parse(base_url)?;
-        let http = Http::new(&options.http, &base, key.as_ref().map(|k| k.expose_secret()))?;
-        let headers = key.iter().map(|k| ("authorization", format!("Bearer {}", k.expose_secret()))).collect();
-        Ok(Self {
-            name: format!("openai:{model}"),
-            model: model.to_owned(),
-            endpoint: base.join("/embeddings", None),
-            headers,
-            http,
-        })
+        let (name, model) = (format!("openai:{model}"), model.to_owned());
+        Endpoint::new(name, model, (base_url, "/embeddings"), key, "authorization", options).map(Self)
     }
 }
 
 #[async_trait]
 impl Embedder for OpenAiEmbeddings {
     fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, LlmError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(BATCH) {
-            let body = json!({"model": self.model, "input": chunk, "encoding_format": "float"});
-            let post = Post { url: &self.endpoint, headers: &self.headers, body: &body, mode_sensitive: false };
-            let answer = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
+            let answer =
+                self.0.post(&json!({"model": self.0.model, "input": chunk, "encoding_format": "float"})).await?;
             // Each item says its index; servers are not bound to keep the order.
-            let mut items: Vec<(u64, Value)> = answer
-                .get("data")
-                .and_then(Value::as_array)
-                .map(|data| {
-                    data.iter()
-                        .enumerate()
-                        .map(|(i, d)| {
-                            (d.get("index").and_then(Value::as_u64).unwrap_or(i as u64), d["embedding"].clone())
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let data = answer.get("data").and_then(Value::as_array);
+            let mut items: Vec<(u64, Value)> = data
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, d)| (d.get("index").and_then(Value::as_u64).unwrap_or(i as u64), d["embedding"].clone()))
+                .collect();
             items.sort_by_key(|(i, _)| *i);
             let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
-            out.extend(vectors(answer.get("data").map(|_| &items), "data", chunk.len())?);
+            out.extend(vectors(data.map(|_| &items), "data", chunk.len())?);
         }
         Ok(out)
     }
 }
 
 /// Gemini's `models/{model}:batchEmbedContents`.
-pub struct GeminiEmbeddings {
-    name: String,
-    model: String,
-    endpoint: String,
-    headers: Vec<(&'static str, String)>,
-    http: Http,
-}
+pub struct GeminiEmbeddings(Endpoint);
 
 impl GeminiEmbeddings {
     /// Embeddings from `model` at `base_url` (`https://generativelanguage.googleapis.com`).
@@ -251,36 +262,25 @@ impl GeminiEmbeddings {
         key: Option<SecretString>,
         options: &EmbeddingOptions,
     ) -> Result<Self, LlmError> {
-        let base = BaseUrl::parse(base_url)?;
-        let http = Http::new(&options.http, &base, key.as_ref().map(|k| k.expose_secret()))?;
-        let headers = key.iter().map(|k| ("x-goog-api-key", k.expose_secret().to_owned())).collect();
         let model = model.strip_prefix("models/").unwrap_or(model).to_owned();
-        Ok(Self {
-            name: format!("gemini:{model}"),
-            endpoint: base.join(&format!("/v1beta/models/{model}:batchEmbedContents"), None),
-            model,
-            headers,
-            http,
-        })
+        let path = format!("/v1beta/models/{model}:batchEmbedContents");
+        Endpoint::new(format!("gemini:{model}"), model, (base_url, &path), key, "x-goog-api-key", options).map(Self)
     }
 }
 
 #[async_trait]
 impl Embedder for GeminiEmbeddings {
     fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, LlmError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(BATCH) {
-            let requests: Vec<Value> = chunk
-                .iter()
-                .map(|t| json!({"model": format!("models/{}", self.model), "content": {"parts": [{"text": t}]}}))
-                .collect();
-            let body = json!({"requests": requests});
-            let post = Post { url: &self.endpoint, headers: &self.headers, body: &body, mode_sensitive: false };
-            let answer = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
+            let model = format!("models/{}", self.0.model);
+            let requests: Vec<Value> =
+                chunk.iter().map(|t| json!({"model": model, "content": {"parts": [{"text": t}]}})).collect();
+            let answer = self.0.post(&json!({"requests": requests})).await?;
             let items: Option<Vec<Value>> = answer
                 .get("embeddings")
                 .and_then(Value::as_array)
