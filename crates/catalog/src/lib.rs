@@ -73,7 +73,8 @@ pub struct Catalog {
     /// Inactive agents left out (their ids, sorted).
     pub inactive: Vec<String>,
     /// The capabilities declared destructive (`hints.destructive`, and not
-    /// read-only), as `(agent, capability)`.
+    /// read-only), as `(agent, capability)`, of every agent (inactive ones
+    /// too).
     pub destructive: HashSet<(String, String)>,
 }
 
@@ -121,15 +122,19 @@ pub async fn fetch(
         }
         let page = discovery.list_capabilities(request).await?.into_inner();
         for agent in &page.capabilities {
+            // Known for every agent, offered or not: an agent that hung
+            // mid-call may be inactive by the time its step is reviewed.
+            for c in agent.reasoners.iter().chain(&agent.skills) {
+                if c.hints.as_ref().is_some_and(|h| h.destructive == Some(true) && h.read_only != Some(true)) {
+                    out.destructive.insert((agent.id.clone(), c.id.clone()));
+                }
+            }
             if !include_unhealthy && agent.health_status == pb::HealthStatus::Inactive as i32 {
                 out.inactive.push(agent.id.clone());
                 continue;
             }
             for (kind, list) in [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)] {
                 for c in list.iter().filter(|c| !c.internal) {
-                    if c.hints.as_ref().is_some_and(|h| h.destructive == Some(true) && h.read_only != Some(true)) {
-                        out.destructive.insert((agent.id.clone(), c.id.clone()));
-                    }
                     out.capabilities.push(AllowedCapability {
                         agent: agent.id.clone(),
                         capability: c.id.clone(),

@@ -56,6 +56,12 @@ const STOP_WORDS: [&str; 40] = [
     "which", "who", "why", "will", "with", "you", "your",
 ];
 
+/// How many of a request's words are worth matching (function words and
+/// bare numbers left out).
+pub fn word_count(query: &str) -> usize {
+    query_tokens(query).len()
+}
+
 /// The request's words worth matching.
 fn query_tokens(query: &str) -> Vec<String> {
     query
@@ -183,6 +189,7 @@ mod tests {
         );
         assert_eq!(asks("Band names"), ["Band names"]);
         assert!(names_several("Email Bob, Alice") && names_several("Paris and Rome") && !names_several("Email Bob"));
+        assert_eq!((word_count("London?"), word_count("what is 100 * 3?"), word_count("the latest news")), (1, 0, 2));
         assert_eq!(asks("and"), ["and"]);
         assert_eq!(tokens("calculation-agent evaluates"), ["calcul", "agent", "evalu"]);
     }

@@ -5,12 +5,14 @@
 //! the first, and its `{{id.output…}}` references name the first.
 //!
 //! A step that calls the same capability with other parameters is merged
-//! too when the request does not ask for it: none of the values it adds
-//! (strings and numbers not in the earlier call) is named in the request.
-//! "Weather in Paris and London" keeps both calls (London is named);
-//! "How many kilometres are 26.2 miles?" planned as a conversion of 26.2
-//! and then of 10.58 keeps one (10.58 is not). A step whose parameters
-//! read another step's output is data-driven and never merged this way.
+//! too when the request names one item and does not ask for it: none of
+//! the values it adds (strings and numbers not in the earlier call) is
+//! named in the request. "How many kilometres are 26.2 miles?" planned as a
+//! conversion of 26.2 and then of 10.58 keeps one (10.58 is not named). A
+//! request naming several items (`and`, `then`, commas…) keeps its calls,
+//! however the plan writes the items ("German" as "de"), and a step whose
+//! parameters read another step's output is data-driven: neither is merged
+//! this way.
 
 use std::collections::{HashMap, HashSet};
 
@@ -68,7 +70,9 @@ fn unasked(kept: &PlanStep, step: &PlanStep, request: &str) -> bool {
     if kept.agent != step.agent || kept.capability != step.capability {
         return false;
     }
-    if !crate::reference::references_in(&step.parameters).is_empty() {
+    // A request naming several items may name them otherwise than the
+    // plan writes them ("German" planned as "de").
+    if crate::bm25::names_several(request) || !crate::reference::references_in(&step.parameters).is_empty() {
         return false;
     }
     let (mut earlier, mut own) = (HashSet::new(), HashSet::new());
@@ -189,9 +193,15 @@ mod tests {
     #[test]
     fn other_parameters_stay_only_when_the_request_names_them() {
         let weather = |id: &str, city: &str| json!({"step_id": id, "agent": "w", "capability": "now", "parameters": {"location": city}});
-        let mut p = plan(json!([weather("s1", "Paris"), weather("s2", "London"), weather("s3", "Berlin")]));
-        let merged = merge_repeated_steps(&mut p, "Weather in Paris and London?");
-        assert_eq!(merged.iter().map(|m| m.removed.as_str()).collect::<Vec<_>>(), ["s3"]);
+        let mut p = plan(json!([weather("s1", "Paris"), weather("s2", "Berlin")]));
+        let merged = merge_repeated_steps(&mut p, "Weather in Paris?");
+        assert_eq!(merged.iter().map(|m| m.removed.as_str()).collect::<Vec<_>>(), ["s2"]);
+        let mut p = plan(json!([weather("s1", "Paris"), weather("s2", "Berlin")]));
+        assert!(merge_repeated_steps(&mut p, "Weather in Paris? Berlin too").is_empty(), "Berlin is named");
+        // Several items, written otherwise than the request names them: kept.
+        let translate = |id: &str, to: &str| json!({"step_id": id, "agent": "t", "capability": "translate", "parameters": {"target": to}});
+        let mut p = plan(json!([translate("s1", "es"), translate("s2", "de")]));
+        assert!(merge_repeated_steps(&mut p, "Translate hello into Spanish and German").is_empty());
         let convert = |id: &str, value: f64| json!({"step_id": id, "agent": "units", "capability": "convert_length", "parameters": {"value": value}});
         let mut second = convert("s2", 10.58);
         second["depends_on"] = json!(["s1"]);

@@ -226,6 +226,12 @@ fn render(messages: &[Message]) -> String {
     messages.iter().map(|m| format!("[{:?}]\n{}", m.role, m.content)).collect::<Vec<_>>().join("\n\n")
 }
 
+/// Most steps for `query` over `allowed`: `max_steps`, and no more than
+/// one per capability offered when the request names one item.
+fn step_bound(max_steps: usize, query: &str, allowed: &[AllowedCapability]) -> usize {
+    if bm25::names_several(query) { max_steps } else { max_steps.min(allowed.len().max(1)) }
+}
+
 /// The asks (with their best capability) that no step of `plan` serves.
 fn unserved<'a>(plan: &Plan, asks: &'a [(String, AllowedCapability)]) -> Vec<&'a (String, AllowedCapability)> {
     asks.iter()
@@ -343,7 +349,9 @@ impl Planner {
         let Some(semantic) = &self.semantic else {
             return Ranking { candidates: hybrid::rank(query, catalog, None), by_meaning: false, ask_best: Vec::new() };
         };
-        let asks = bm25::asks(query);
+        // An ask of one word ("… in Paris and London?") is a list, not an ask.
+        let asks: Vec<String> = bm25::asks(query).into_iter().filter(|a| bm25::word_count(a) >= 2).collect();
+        let asks = if asks.len() > 1 { asks } else { Vec::new() };
         let mut texts = vec![query.to_owned()];
         if asks.len() > 1 {
             texts.extend(asks.iter().cloned());
@@ -399,6 +407,8 @@ impl Planner {
         query: &str,
         catalog: &[AllowedCapability],
     ) -> Result<Vec<AllowedCapability>, PlanningError> {
+        // A new pre-selection (after a hallucination) replaces the asks of the first.
+        run.asks.clear();
         let semantic = self.semantic.is_some();
         if !semantic && catalog.len() <= self.settings.preselect_threshold {
             return Ok(catalog.to_vec());
@@ -604,9 +614,7 @@ impl Planner {
         // capability offered: the grammar has no room for a second call of
         // the one tool kept (the small model booked a meeting six times).
         // Whatever a model answers is still merged below.
-        if !bm25::names_several(query) {
-            bounds.max_steps = bounds.max_steps.min(allowed.len().max(1));
-        }
+        bounds.max_steps = step_bound(bounds.max_steps, query, &allowed);
         loop {
             attempts += 1;
             let schema = ResponseSchema { name: "plan".into(), schema: plan_schema(&allowed, &bounds) };
@@ -814,6 +822,7 @@ impl Planner {
                 let reselected = self.preselect(run, &hint, catalog).await?;
                 if !reselected.is_empty() {
                     allowed = reselected;
+                    bounds.max_steps = step_bound(self.settings.bounds.max_steps, query, &allowed);
                 }
                 feedback = Some(format!(
                     "{listed}You may only use the capabilities listed below; if none fits, return zero steps with the reason."

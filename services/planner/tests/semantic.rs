@@ -136,8 +136,8 @@ async fn a_paraphrase_is_offered_its_capability_first_among_few() {
     let candidates = offered(&server.requests()[0].body);
     assert_eq!(candidates[0], "money/convert_currency", "{candidates:?}");
     assert_eq!(candidates.len(), 10, "the ten most relevant, not the whole catalog");
-    assert_eq!(semantic.len(), catalog().len(), "each capability embedded once");
-    // Words alone rank it nowhere near: no word is shared.
+    assert_eq!(semantic.len(), catalog().len(), "a vector kept for each capability");
+    // Words alone share none with the request: the whole catalog is offered.
     let words = Planner::new(PlannerSettings::default());
     let _ = words.plan(&llm(&server), "How many kilometres are 26.2 miles?", &catalog()).await;
     let by_words = offered(&server.requests()[2].body);

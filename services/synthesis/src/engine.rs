@@ -587,13 +587,22 @@ impl Synthesizer {
 /// freely; the recovery round must not send the email twice on its own.
 /// `destructive` holds `(agent, capability)` pairs; returns how many were
 /// turned.
+///
+/// `None`: the catalog could not be read, so whether a capability is
+/// destructive is unknown, and every re-run is asked for (failing closed).
 pub fn guard_destructive(
     verdict: &mut Verdict,
     outcome: &RunOutcome,
-    destructive: &HashSet<(String, String)>,
+    destructive: Option<&HashSet<(String, String)>>,
 ) -> usize {
-    let is_destructive =
-        |agent: &str, capability: &str| destructive.contains(&(agent.to_owned(), capability.to_owned()));
+    let is_destructive = |agent: &str, capability: &str| {
+        destructive.is_none_or(|d| d.contains(&(agent.to_owned(), capability.to_owned())))
+    };
+    let why = if destructive.is_some() {
+        "the capability is declared destructive"
+    } else {
+        "whether the capability is destructive cannot be checked (discovery did not answer)"
+    };
     let mut turned = 0;
     for action in &mut verdict.actions {
         let again = match action {
@@ -615,8 +624,8 @@ pub fn guard_destructive(
             let proposed = if reason.is_empty() { String::new() } else { format!(" The review proposed it: {reason}") };
             *action = Action::AskUser {
                 reason: format!(
-                    "{what} may repeat what it already did: the capability is declared destructive, so it runs \
-                     again only if you ask for it.{proposed}"
+                    "{what} may repeat what it already did: {why}, so it runs again only if you ask for \
+                     it.{proposed}"
                 ),
             };
             turned += 1;
@@ -831,7 +840,7 @@ mod tests {
             Action::AddStep { agent: "tz".into(), capability: "lookup".into(), query: "q".into(), reason: "r".into() },
             Action::RetryStep { step_id: "s1".into(), reason: "again".into() },
         ]);
-        assert_eq!(guard_destructive(&mut v, &outcome, &destructive), 2);
+        assert_eq!(guard_destructive(&mut v, &outcome, Some(&destructive)), 2);
         let Action::AskUser { reason } = &v.actions[0] else { panic!("{:?}", v.actions[0]) };
         assert!(reason.starts_with("running s2 (mailer/send_email) again may repeat what it already did"), "{reason}");
         assert!(reason.ends_with("The review proposed it: it timed out"), "{reason}");
@@ -840,7 +849,11 @@ mod tests {
         assert!(matches!(v.actions[2], Action::AddStep { .. }) && matches!(v.actions[3], Action::RetryStep { .. }));
         // Not declared destructive: left as proposed.
         let mut v = verdict(vec![Action::RetryStep { step_id: "s2".into(), reason: "r".into() }]);
-        assert_eq!(guard_destructive(&mut v, &outcome, &HashSet::new()), 0);
+        assert_eq!(guard_destructive(&mut v, &outcome, Some(&HashSet::new())), 0);
+        // Unknown (no catalog): asked for, saying why.
+        assert_eq!(guard_destructive(&mut v, &outcome, None), 1);
+        let Action::AskUser { reason } = &v.actions[0] else { panic!("{:?}", v.actions[0]) };
+        assert!(reason.contains("cannot be checked (discovery did not answer)"), "{reason}");
     }
 
     #[test]

@@ -277,17 +277,19 @@ impl Inner {
         }
     }
 
-    async fn catalog(&self, request_id: &str) -> agentmesh_catalog::Catalog {
+    /// The catalog, or `None` when discovery does not answer.
+    async fn catalog(&self, request_id: &str) -> Option<agentmesh_catalog::Catalog> {
         let mut discovery = self.discovery.clone();
         match agentmesh_catalog::fetch(&mut discovery, &[], false, request_id).await {
-            Ok(catalog) => catalog,
+            Ok(catalog) => Some(catalog),
             Err(status) => {
                 tracing::warn!(
                     request_id,
                     error = %status.message(),
-                    "discovery is unavailable; the review judges without a catalog and suggests no new steps"
+                    "discovery is unavailable; the review judges without a catalog, suggests no new steps and \
+                     retries nothing without the user"
                 );
-                agentmesh_catalog::Catalog::default()
+                None
             }
         }
     }
@@ -300,7 +302,8 @@ impl Inner {
     ) -> Result<pb::ReviewResponse, Status> {
         let outcome = run_outcome(&r.query, r.plan.as_ref(), &r.results, "");
         let fetched = self.catalog(request_id).await;
-        let catalog = fetched.capabilities;
+        let destructive = fetched.as_ref().map(|c| c.destructive.clone());
+        let catalog = fetched.map(|c| c.capabilities).unwrap_or_default();
         let candidates = self.synthesizer.review_candidates(&r.query, &catalog);
         let fence = Fence::with_nonce(&format!("{:016x}", rand::random::<u64>()));
         let base = self.synthesizer.review_request(&outcome, &r.answer, &candidates, &fence);
@@ -327,7 +330,7 @@ impl Inner {
             total.total_tokens = total.total_tokens.saturating_add(u.total_tokens);
             match self.synthesizer.read_review(&completion.text, &outcome, &catalog) {
                 Ok(mut verdict) => {
-                    let turned = crate::engine::guard_destructive(&mut verdict, &outcome, &fetched.destructive);
+                    let turned = crate::engine::guard_destructive(&mut verdict, &outcome, destructive.as_ref());
                     if turned > 0 {
                         tracing::warn!(
                             request_id,
