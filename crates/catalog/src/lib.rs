@@ -99,6 +99,22 @@ impl Catalog {
     }
 }
 
+/// The capabilities of `agent` a plan may use (all but internal ones),
+/// reasoners first.
+pub fn plannable(agent: &pb::Agent) -> impl Iterator<Item = AllowedCapability> + '_ {
+    [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)].into_iter().flat_map(
+        move |(kind, list)| {
+            list.iter().filter(|c| !c.internal).map(move |c| AllowedCapability {
+                agent: agent.id.clone(),
+                capability: c.id.clone(),
+                kind,
+                description: c.description.clone(),
+                input_schema: c.input_schema.as_ref().map(agentmesh_proto::json::from_struct),
+            })
+        },
+    )
+}
+
 /// Fetches every capability the request may use.
 pub async fn fetch(
     discovery: &mut DiscoveryServiceClient<TracedChannel>,
@@ -133,17 +149,7 @@ pub async fn fetch(
                 out.inactive.push(agent.id.clone());
                 continue;
             }
-            for (kind, list) in [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)] {
-                for c in list.iter().filter(|c| !c.internal) {
-                    out.capabilities.push(AllowedCapability {
-                        agent: agent.id.clone(),
-                        capability: c.id.clone(),
-                        kind,
-                        description: c.description.clone(),
-                        input_schema: c.input_schema.as_ref().map(agentmesh_proto::json::from_struct),
-                    });
-                }
-            }
+            out.capabilities.extend(plannable(agent));
         }
         let has_more = page.pagination.is_some_and(|p| p.has_more);
         if !has_more || page.capabilities.is_empty() {

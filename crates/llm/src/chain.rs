@@ -97,8 +97,9 @@ pub const PROVIDER_NAMES: &str = "openai, openai-compatible, anthropic, gemini, 
 
 /// A hosted provider's public endpoint needs a key: say which variable is
 /// missing at start-up, not a DNS or 401 failure at the first request.
-fn require_key(
-    spec: &str,
+/// `setting` is where another base URL is given (`--llm-base-url`).
+pub(crate) fn require_key(
+    (spec, setting): (&str, &str),
     base_url: &str,
     public: &str,
     key: Option<&SecretString>,
@@ -107,7 +108,7 @@ fn require_key(
     if key.is_none() && base_url.trim_end_matches('/') == public {
         return Err(LlmError::Config(format!(
             "`{spec}` uses {public}, which needs an API key: no {variables} is set. Set it, or point \
-             --llm-base-url at a server that needs none (e.g. a local OpenAI-compatible server)"
+             {setting} at a server that needs none (e.g. a local OpenAI-compatible server)"
         )));
     }
     Ok(())
@@ -115,13 +116,13 @@ fn require_key(
 
 /// A base URL must name its scheme: `127.0.0.1:8000/v1` would otherwise
 /// fail at the first request with an error that does not say why.
-fn with_scheme(url: String) -> Result<String, LlmError> {
+pub(crate) fn with_scheme(url: String) -> Result<String, LlmError> {
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(url);
     }
     // Without a scheme, anything before an `@` may be a password: left out.
     let shown = url.rsplit_once('@').map_or(url.as_str(), |(_, host)| host);
-    Err(LlmError::Config(format!("the LLM base URL `{shown}` has no http:// or https:// scheme: write http://{shown}")))
+    Err(LlmError::Config(format!("the base URL `{shown}` has no http:// or https:// scheme: write http://{shown}")))
 }
 
 /// How to reach the providers named in `--llm`.
@@ -136,12 +137,12 @@ pub struct ProviderOptions {
     pub http: HttpSettings,
 }
 
-fn env(name: &str) -> Option<String> {
+pub(crate) fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// Ollama's `OLLAMA_HOST` is `host:port` or a URL, without `/v1`.
-fn ollama_base() -> String {
+pub(crate) fn ollama_base() -> String {
     let host = env("OLLAMA_HOST").unwrap_or_else(|| "127.0.0.1:11434".into());
     let host = if host.contains("://") { host } else { format!("http://{host}") };
     format!("{}/v1", host.trim_end_matches('/'))
@@ -169,7 +170,13 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                 };
                 let mut config = OpenAiConfig::new(with_scheme(url)?, rest);
                 config.api_key = env("OPENAI_API_KEY").map(SecretString::from);
-                require_key(entry, &config.base_url, OPENAI_BASE_URL, config.api_key.as_ref(), "OPENAI_API_KEY")?;
+                require_key(
+                    (entry, "--llm-base-url"),
+                    &config.base_url,
+                    OPENAI_BASE_URL,
+                    config.api_key.as_ref(),
+                    "OPENAI_API_KEY",
+                )?;
                 config.structured = structured;
                 config.family = if kind == "openai" && config.base_url == OPENAI_BASE_URL {
                     Family::OpenAi
@@ -183,7 +190,13 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                 let mut config =
                     AnthropicConfig::new(with_scheme(base("ANTHROPIC_BASE_URL", ANTHROPIC_BASE_URL))?, rest);
                 config.api_key = env("ANTHROPIC_API_KEY").map(SecretString::from);
-                require_key(entry, &config.base_url, ANTHROPIC_BASE_URL, config.api_key.as_ref(), "ANTHROPIC_API_KEY")?;
+                require_key(
+                    (entry, "--llm-base-url"),
+                    &config.base_url,
+                    ANTHROPIC_BASE_URL,
+                    config.api_key.as_ref(),
+                    "ANTHROPIC_API_KEY",
+                )?;
                 config.http = options.http.clone();
                 providers.push(Box::new(Anthropic::new(config)?));
             }
@@ -191,7 +204,7 @@ pub fn build(spec: &str, options: &ProviderOptions) -> Result<FallbackChain, Llm
                 let mut config = GeminiConfig::new(with_scheme(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL))?, rest);
                 config.api_key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY")).map(SecretString::from);
                 require_key(
-                    entry,
+                    (entry, "--llm-base-url"),
                     &config.base_url,
                     GEMINI_BASE_URL,
                     config.api_key.as_ref(),

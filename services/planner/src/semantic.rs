@@ -11,7 +11,6 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use agentmesh_core::CapabilityKind;
 use agentmesh_core::hybrid::capability_text;
 use agentmesh_core::plan::AllowedCapability;
 use agentmesh_llm::LlmError;
@@ -124,18 +123,7 @@ impl Semantic {
     /// Embeds a registered agent's capabilities (the ones a plan may use),
     /// dropping those it no longer has.
     async fn learn(&self, agent: &pb::Agent) -> Result<(), LlmError> {
-        let mut capabilities = Vec::new();
-        for (kind, list) in [(CapabilityKind::Reasoner, &agent.reasoners), (CapabilityKind::Skill, &agent.skills)] {
-            for c in list.iter().filter(|c| !c.internal) {
-                capabilities.push(AllowedCapability {
-                    agent: agent.id.clone(),
-                    capability: c.id.clone(),
-                    kind,
-                    description: c.description.clone(),
-                    input_schema: None,
-                });
-            }
-        }
+        let capabilities: Vec<AllowedCapability> = agentmesh_catalog::plannable(agent).collect();
         self.cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -301,9 +301,10 @@ impl Inner {
         principal: &str,
     ) -> Result<pb::ReviewResponse, Status> {
         let outcome = run_outcome(&r.query, r.plan.as_ref(), &r.results, "");
-        let fetched = self.catalog(request_id).await;
-        let destructive = fetched.as_ref().map(|c| c.destructive.clone());
-        let catalog = fetched.map(|c| c.capabilities).unwrap_or_default();
+        let (catalog, destructive) = match self.catalog(request_id).await {
+            Some(c) => (c.capabilities, Some(c.destructive)),
+            None => (Vec::new(), None),
+        };
         let candidates = self.synthesizer.review_candidates(&r.query, &catalog);
         let fence = Fence::with_nonce(&format!("{:016x}", rand::random::<u64>()));
         let base = self.synthesizer.review_request(&outcome, &r.answer, &candidates, &fence);

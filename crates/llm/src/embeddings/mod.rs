@@ -23,6 +23,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 
 use crate::LlmError;
+use crate::chain::{env, ollama_base, require_key, with_scheme};
 use crate::gemini::GEMINI_BASE_URL;
 use crate::http::{BaseUrl, Http, Post};
 use crate::openai::OPENAI_BASE_URL;
@@ -69,10 +70,6 @@ pub enum Built {
     Missing(String),
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// Builds the embedder of `spec`: `none`, `local` (the default model
 /// directory; its absence is [`Built::Missing`], not an error), `local:DIR`,
 /// `openai:MODEL` (also `openai-compatible`, `vllm`, `llamacpp`, `ollama`)
@@ -99,30 +96,19 @@ pub fn build(spec: &str, options: &EmbeddingOptions) -> Result<Built, LlmError> 
         "local" => Ok(Built::On(Arc::new(MiniLm::load(std::path::Path::new(rest))?))),
         "openai" | "openai-compatible" | "vllm" | "llamacpp" | "ollama" if !rest.is_empty() => {
             let url = match kind {
-                "ollama" => options.base_url.clone().unwrap_or_else(|| {
-                    let host = env("OLLAMA_HOST").unwrap_or_else(|| "127.0.0.1:11434".into());
-                    let host = if host.contains("://") { host } else { format!("http://{host}") };
-                    format!("{}/v1", host.trim_end_matches('/'))
-                }),
+                "ollama" => options.base_url.clone().unwrap_or_else(ollama_base),
                 _ => base("OPENAI_BASE_URL", OPENAI_BASE_URL),
             };
+            let url = with_scheme(url)?;
             let key = env("OPENAI_API_KEY").map(SecretString::from);
-            if key.is_none() && url.trim_end_matches('/') == OPENAI_BASE_URL {
-                return Err(LlmError::Config(format!(
-                    "embeddings `{spec}` use {OPENAI_BASE_URL}, which needs OPENAI_API_KEY; set it, or \
-                     embeddings_base_url for a server that needs none"
-                )));
-            }
+            require_key((spec, "embeddings_base_url"), &url, OPENAI_BASE_URL, key.as_ref(), "OPENAI_API_KEY")?;
             Ok(Built::On(Arc::new(OpenAiEmbeddings::new(&url, rest, key, options)?)))
         }
         "gemini" | "google" if !rest.is_empty() => {
-            let url = base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL);
+            let url = with_scheme(base("GOOGLE_GEMINI_BASE_URL", GEMINI_BASE_URL))?;
             let key = env("GEMINI_API_KEY").or_else(|| env("GOOGLE_API_KEY")).map(SecretString::from);
-            if key.is_none() && url.trim_end_matches('/') == GEMINI_BASE_URL {
-                return Err(LlmError::Config(format!(
-                    "embeddings `{spec}` use {GEMINI_BASE_URL}, which needs GEMINI_API_KEY (or GOOGLE_API_KEY)"
-                )));
-            }
+            let variables = "GEMINI_API_KEY (or GOOGLE_API_KEY)";
+            require_key((spec, "embeddings_base_url"), &url, GEMINI_BASE_URL, key.as_ref(), variables)?;
             Ok(Built::On(Arc::new(GeminiEmbeddings::new(&url, rest, key, options)?)))
         }
         _ => Err(LlmError::Config(format!(
@@ -201,10 +187,23 @@ impl Endpoint {
         Ok(Self { name, model, url: base.join(path, None), headers, http })
     }
 
-    /// POSTs `body` and reads the JSON answer (retries as for the LLM).
-    async fn post(&self, body: &Value) -> Result<Value, LlmError> {
-        let post = Post { url: &self.url, headers: &self.headers, body, mode_sensitive: false };
-        self.http.post_json(&post).await.map_err(|f| f.into_error(1))
+    /// Embeds `texts` [`BATCH`] at a time: `body` writes a request for a
+    /// batch, `read` takes the answer's vectors for a batch of that many
+    /// (retries as for the LLM).
+    async fn embed(
+        &self,
+        texts: &[String],
+        body: impl Fn(&[String]) -> Value,
+        read: impl Fn(&Value, usize) -> Result<Vec<Vec<f32>>, LlmError>,
+    ) -> Result<Vec<Vec<f32>>, LlmError> {
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in texts.chunks(BATCH) {
+            let body = body(chunk);
+            let post = Post { url: &self.url, headers: &self.headers, body: &body, mode_sensitive: false };
+            let answer = self.http.post_json(&post).await.map_err(|f| f.into_error(1))?;
+            out.extend(read(&answer, chunk.len())?);
+        }
+        Ok(out)
     }
 }
 
@@ -231,23 +230,22 @@ impl Embedder for OpenAiEmbeddings {
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, LlmError> {
-        let mut out = Vec::with_capacity(texts.len());
-        for chunk in texts.chunks(BATCH) {
-            let answer =
-                self.0.post(&json!({"model": self.0.model, "input": chunk, "encoding_format": "float"})).await?;
-            // Each item says its index; servers are not bound to keep the order.
-            let data = answer.get("data").and_then(Value::as_array);
-            let mut items: Vec<(u64, Value)> = data
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, d)| (d.get("index").and_then(Value::as_u64).unwrap_or(i as u64), d["embedding"].clone()))
-                .collect();
-            items.sort_by_key(|(i, _)| *i);
-            let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
-            out.extend(vectors(data.map(|_| &items), "data", chunk.len())?);
-        }
-        Ok(out)
+        let body = |chunk: &[String]| json!({"model": self.0.model, "input": chunk, "encoding_format": "float"});
+        self.0
+            .embed(texts, body, |answer, n| {
+                // Each item says its index; servers are not bound to keep the order.
+                let data = answer.get("data").and_then(Value::as_array);
+                let mut items: Vec<(u64, Value)> = data
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(i, d)| (d.get("index").and_then(Value::as_u64).unwrap_or(i as u64), d["embedding"].clone()))
+                    .collect();
+                items.sort_by_key(|(i, _)| *i);
+                let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
+                vectors(data.map(|_| &items), "data", n)
+            })
+            .await
     }
 }
 
@@ -275,19 +273,21 @@ impl Embedder for GeminiEmbeddings {
     }
 
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, LlmError> {
-        let mut out = Vec::with_capacity(texts.len());
-        for chunk in texts.chunks(BATCH) {
-            let model = format!("models/{}", self.0.model);
+        let model = format!("models/{}", self.0.model);
+        let body = |chunk: &[String]| {
             let requests: Vec<Value> =
                 chunk.iter().map(|t| json!({"model": model, "content": {"parts": [{"text": t}]}})).collect();
-            let answer = self.0.post(&json!({"requests": requests})).await?;
-            let items: Option<Vec<Value>> = answer
-                .get("embeddings")
-                .and_then(Value::as_array)
-                .map(|e| e.iter().map(|item| item["values"].clone()).collect());
-            out.extend(vectors(items.as_ref(), "embeddings", chunk.len())?);
-        }
-        Ok(out)
+            json!({"requests": requests})
+        };
+        self.0
+            .embed(texts, body, |answer, n| {
+                let items: Option<Vec<Value>> = answer
+                    .get("embeddings")
+                    .and_then(Value::as_array)
+                    .map(|e| e.iter().map(|item| item["values"].clone()).collect());
+                vectors(items.as_ref(), "embeddings", n)
+            })
+            .await
     }
 }
 
